@@ -1,0 +1,90 @@
+"""An independent small draft model with its own KV cache, rolled back by every outcome."""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.kv import RaggedCache, check_cache_support
+from dspark.types import Draft, DraftContext, StepOutcome
+from dspark.validation import check_forward_signature
+from dspark.verify.warping import warped_probs
+
+__all__ = ["DraftModelDrafter"]
+
+
+class DraftModelDrafter:
+    """Drafts γ tokens autoregressively with a small Hugging Face causal LM sharing the target's vocabulary.
+
+    The draft model keeps a ragged cache of every row's committed tokens; each proposal first feeds
+    the tokens the target committed since the last one (the accepted drafts it has not seen and the
+    new anchor), then samples γ tokens from q (warped like the target's p), returning q for
+    rejection sampling. ``observe`` drops the rejected drafts from the cache.
+    """
+
+    def __init__(self, model: torch.nn.Module, default_draft_tokens: int = 4):
+        if isinstance(default_draft_tokens, bool) or not isinstance(default_draft_tokens, int) or default_draft_tokens < 1:
+            raise ValueError(f"default_draft_tokens must be an int >= 1, got {default_draft_tokens!r}")
+        self.model = model
+        self.default_draft_tokens = default_draft_tokens
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self._forward_arguments = check_forward_signature(model)
+        self._cache: RaggedCache | None = None
+        self._rows: torch.Tensor | None = None
+        self._speculative = 0
+
+    def __repr__(self) -> str:
+        return f"DraftModelDrafter({type(self.model).__name__}, default_draft_tokens={self.default_draft_tokens})"
+
+    def _logits(self, tokens: torch.Tensor, new_mask: torch.Tensor, keep_last: torch.Tensor) -> torch.Tensor:
+        inputs = self._cache.forward_inputs(new_mask, position_ids="position_ids" in self._forward_arguments)
+        logits = self.model(input_ids=tokens, **inputs).logits
+        self._cache.commit(new_mask)
+        return logits.gather(1, keep_last[:, None, None].expand(-1, 1, logits.shape[-1])).squeeze(1).float()
+
+    def _sync_rows(self, context: DraftContext, max_tokens: int) -> None:
+        if context.step == 0 or self._cache is None:
+            check_cache_support(self.model.config, int(context.end.max()) + 2 * (max_tokens + 1))
+            self._cache = RaggedCache(context.rows.numel(), context.tokens.device, hole_budget=max_tokens + 1)
+            self._rows, self._speculative = context.rows, 0
+        elif not torch.equal(self._rows, context.rows):
+            self._cache.compact(rows=torch.searchsorted(self._rows, context.rows))
+            self._rows = context.rows
+
+    @torch.inference_mode()
+    def propose(self, context: DraftContext, max_tokens: int) -> Draft:
+        """Catch the cache up with the committed tokens, then draft ``max_tokens`` tokens per row."""
+        self._sync_rows(context, max_tokens)
+        device = context.tokens.device
+        # Tokens committed since the last proposal: context[begin + fed : end], the anchor last.
+        missing = context.end - context.begin - self._cache.lengths
+        width = int(missing.max())
+        offsets = torch.arange(width, device=device)[None, :]
+        gather_at = (context.begin + self._cache.lengths)[:, None] + offsets
+        new_tokens = context.tokens.gather(1, gather_at.clamp_max(context.tokens.shape[1] - 1))
+        logits = self._logits(new_tokens, offsets < missing[:, None], (missing - 1).clamp_min(0))
+
+        tokens, probs = [], []
+        for k in range(max_tokens):
+            q = warped_probs(logits, context.sampling)
+            if context.sampling.do_sample:
+                token = torch.multinomial(q, 1, generator=context.generator).squeeze(1)
+            else:
+                token = q.argmax(dim=-1)
+            tokens.append(token)
+            probs.append(q)
+            if k + 1 < max_tokens:
+                ones = torch.ones((token.shape[0], 1), dtype=torch.long, device=device)
+                logits = self._logits(token[:, None], ones, torch.zeros_like(token))
+        self._speculative = max(max_tokens - 1, 0)
+        rows = context.rows.numel()
+        return Draft(
+            tokens=torch.stack(tokens, dim=1) if tokens else torch.zeros((rows, 0), dtype=torch.long, device=device),
+            lengths=torch.full((rows,), max_tokens, dtype=torch.long, device=device),
+            probs=torch.stack(probs, dim=1) if probs else None,
+        )
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Keep the accepted drafts the model has already consumed; the rest leave its cache."""
+        if self._cache is not None:
+            self._cache.rollback(self._speculative, outcome.accepted)
+            self._speculative = 0

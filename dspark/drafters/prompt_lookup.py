@@ -1,0 +1,65 @@
+"""Prompt lookup: copy what followed the latest earlier occurrence of the context's last n-gram."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from dspark.types import Draft, DraftContext, StepOutcome
+
+__all__ = ["PromptLookupDrafter", "lookup_continuation"]
+
+
+def lookup_continuation(context: torch.Tensor, max_ngram: int, min_ngram: int, max_tokens: int) -> torch.Tensor:
+    """Tokens that followed the most recent earlier match of the context's last n-gram.
+
+    Tries n = max_ngram down to min_ngram and returns, for the first n with a match, up to
+    ``max_tokens`` tokens after the latest earlier occurrence (an empty tensor when none matches).
+    """
+    length = context.shape[0]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        windows = context[: length - 1].unfold(0, n, 1)  # windows ending before the last token
+        matches = (windows == context[length - n :]).all(dim=1).nonzero().squeeze(1)
+        if matches.numel() > 0:
+            start = int(matches[-1]) + n
+            return context[start : start + max_tokens]
+    return context[:0]
+
+
+def _positive_int(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
+@attrs.define
+class PromptLookupDrafter:
+    """Training-free n-gram drafter (prompt lookup decoding) over each row's own context.
+
+    ``max_ngram`` / ``min_ngram`` bound the n-gram sizes tried (longest first); ``default_draft_tokens``
+    is the block width γ used when the caller does not choose one.
+    """
+
+    max_ngram: int = attrs.field(default=3, validator=_positive_int)
+    min_ngram: int = attrs.field(default=1, validator=_positive_int)
+    default_draft_tokens: int = attrs.field(default=4, validator=_positive_int)
+    vocab_size = None
+
+    def __attrs_post_init__(self):
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(f"min_ngram must be <= max_ngram={self.max_ngram}, got {self.min_ngram!r}")
+
+    def propose(self, context: DraftContext, max_tokens: int) -> Draft:
+        """Look up every row's continuation; rows without a match get an empty draft."""
+        rows = context.tokens.shape[0]
+        tokens = torch.zeros((rows, max_tokens), dtype=torch.long, device=context.tokens.device)
+        lengths = torch.zeros(rows, dtype=torch.long, device=context.tokens.device)
+        # One host copy of the contexts: the lookup is a handful of small tensor ops per row.
+        host_tokens, begin, end = context.tokens.cpu(), context.begin.tolist(), context.end.tolist()
+        for row in range(rows):
+            found = lookup_continuation(host_tokens[row, begin[row] : end[row]], self.max_ngram, self.min_ngram, max_tokens)
+            tokens[row, : found.numel()] = found.to(tokens.device)
+            lengths[row] = found.numel()
+        return Draft(tokens=tokens, lengths=lengths)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Nothing to learn: the context already holds the emitted tokens."""

@@ -1,0 +1,118 @@
+"""KV bookkeeping for a ragged batch in a standard ``DynamicCache``.
+
+Every row shares the cache's slot axis. ``live[r, s]`` says whether slot s holds one of row r's
+tokens; a rejected draft token's slot stays in the cache with live = 0, the next forward masks
+it with a 0 in the 2-D attention mask and passes explicit ``position_ids`` that skip it, so the
+logits equal those of a clean run. Holes are reclaimed by cropping trailing dead slots and, when
+more than ``hole_budget`` slots beyond the longest row are dead, by gathering the live slots of
+every row into a fresh, left-padded cache (``compact``). Only public Cache API is used.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+__all__ = ["RaggedCache", "check_cache_support"]
+
+
+def check_cache_support(config, max_slots: int) -> None:
+    """Refuse models whose cache is not the standard dynamic cache over ``max_slots`` slots.
+
+    Sliding-window layers are accepted when the window covers every slot this generation can use
+    (then they never slide); anything else (static, linear-attention, state-space caches) is refused.
+    """
+    for index, layer in enumerate(DynamicCache(config=config).layers):
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            if layer.sliding_window < max_slots:
+                raise ValueError(
+                    f"the target's layer {index} uses a sliding-window cache of {layer.sliding_window} tokens, "
+                    f"but this generation may need {max_slots} cache slots (prompt + max_new_tokens + draft blocks); "
+                    f"dspark supports sliding windows only while they do not slide: shorten the prompt or max_new_tokens"
+                )
+        elif type(layer) is not DynamicLayer:
+            raise ValueError(
+                f"the target's layer {index} uses a {type(layer).__name__} cache; dspark supports the standard "
+                f"dynamic key/value cache (DynamicLayer) only"
+            )
+
+
+class RaggedCache:
+    """A ``DynamicCache`` plus the live-slot mask of every row.
+
+    Use: ``forward_inputs(new_mask)`` gives the ``attention_mask``/``position_ids``/``cache`` for a forward
+    that appends ``new_mask.shape[1]`` slots; after the forward, ``commit(keep_mask)`` says which of those
+    slots hold tokens that stay.
+    """
+
+    def __init__(self, rows: int, device: torch.device, hole_budget: int):
+        if hole_budget < 0:
+            raise ValueError(f"hole_budget must be >= 0, got {hole_budget!r}")
+        self.cache = DynamicCache()
+        self.live = torch.zeros((rows, 0), dtype=torch.long, device=device)
+        self.hole_budget = hole_budget
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Live tokens per row, which is also the position id of the row's next token."""
+        return self.live.sum(dim=1)
+
+    @property
+    def slots(self) -> int:
+        """Slots on the cache's sequence axis (live or not)."""
+        return self.live.shape[1]
+
+    def forward_inputs(self, new_mask: torch.Tensor, position_ids: bool = True) -> dict:
+        """Keyword arguments for a forward appending one slot per column of ``new_mask`` (1 = real token)."""
+        new_mask = new_mask.long()
+        inputs = {"attention_mask": torch.cat([self.live, new_mask], dim=1), "cache": self.cache, "use_cache": True}
+        if position_ids:
+            offsets = (new_mask.cumsum(dim=1) - 1).clamp_min(0)
+            inputs["position_ids"] = self.lengths[:, None] + offsets
+        return inputs
+
+    def commit(self, keep_mask: torch.Tensor) -> None:
+        """Record which of the slots appended by the last forward stay live, then reclaim holes."""
+        self.live = torch.cat([self.live, keep_mask.long()], dim=1)
+        self._reclaim()
+
+    def rollback(self, speculative: int, keep: torch.Tensor) -> None:
+        """Of the last ``speculative`` slots, keep the first ``keep[r]`` of each row live and drop the rest."""
+        if speculative <= 0:
+            return
+        kept = torch.arange(speculative, device=self.live.device)[None, :] < keep[:, None]
+        self.live = torch.cat([self.live[:, :-speculative], self.live[:, -speculative:] * kept], dim=1)
+        self._reclaim()
+
+    def _reclaim(self) -> None:
+        self._crop_dead_tail()
+        if self.live.shape[0] > 0 and self.slots - int(self.lengths.max()) > self.hole_budget:
+            self.compact()
+
+    def _crop_dead_tail(self) -> None:
+        column_live = self.live.any(dim=0)
+        dead_tail = self.slots - int(column_live.nonzero().max()) - 1 if column_live.any() else self.slots
+        if dead_tail > 0 and self.cache.get_seq_length() > 0:
+            self.cache.crop(-dead_tail)
+            self.live = self.live[:, : self.slots - dead_tail]
+
+    def compact(self, rows: torch.Tensor | None = None) -> None:
+        """Keep only ``rows`` (all by default) and gather each row's live slots, left-padded, into a new cache."""
+        live = self.live if rows is None else self.live[rows]
+        width = int(live.sum(dim=1).max()) if live.shape[0] > 0 else 0
+        # A stable sort on 0/1 puts each row's dead slots first and its live slots last, in order.
+        order = torch.sort(live, dim=1, stable=True).indices[:, live.shape[1] - width :]
+        layers = []
+        for keys, values, _ in self.cache:
+            if rows is not None:
+                keys, values = keys[rows.to(keys.device)], values[rows.to(values.device)]
+            index = order.to(keys.device)[:, None, :, None]
+            layers.append(
+                (
+                    keys.gather(2, index.expand(keys.shape[0], keys.shape[1], width, keys.shape[3])),
+                    values.gather(2, index.expand(values.shape[0], values.shape[1], width, values.shape[3])),
+                )
+            )
+        self.cache = DynamicCache(ddp_cache_data=layers) if width > 0 else DynamicCache()
+        self.live = live.gather(1, order)

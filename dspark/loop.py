@@ -1,0 +1,159 @@
+"""The speculative generate loop: one target forward per step over a ragged batch.
+
+Each step: (1) the drafter proposes, (2) the estimator scores survival, (3) the policy picks ℓ_r,
+(4) the target runs once on [anchor, x_1..x_ℓ] for every row, (5) the acceptance rule keeps a
+prefix and adds one token, (6) the cache keeps accepted slots and the tokens are written out,
+(7) the drafter observes the outcome, (8) finished rows leave the batch.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import torch
+
+from dspark.kv import RaggedCache
+from dspark.stats import GenerationResult, GenerationStats, StepRecord
+from dspark.strategy import Strategy
+from dspark.types import Draft, DraftContext, SamplingConfig, StepOutcome
+from dspark.verify.acceptance import greedy_accept, rejection_sample
+from dspark.verify.warping import warped_probs
+
+__all__ = ["LoopSpec", "run_generation"]
+
+
+@attrs.frozen
+class LoopSpec:
+    """Everything a generation needs besides the prompt, validated by the caller."""
+
+    target: torch.nn.Module
+    strategy: Strategy
+    forward_arguments: frozenset
+    max_new_tokens: int
+    sampling: SamplingConfig
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    generator: torch.Generator | None = None
+    streamer: object | None = None
+
+
+def _target_logits(spec: LoopSpec, tokens: torch.Tensor, cache: RaggedCache, new_mask: torch.Tensor, keep: int) -> torch.Tensor:
+    """Run the target on ``tokens`` appended to the cache; return float32 logits of the last ``keep`` positions."""
+    inputs = cache.forward_inputs(new_mask, position_ids="position_ids" in spec.forward_arguments)
+    if "logits_to_keep" in spec.forward_arguments:
+        inputs["logits_to_keep"] = keep
+    logits = spec.target(input_ids=tokens, **inputs).logits
+    return logits[:, -keep:].float().to(tokens.device)
+
+
+def _empty_draft(rows: int, device: torch.device) -> Draft:
+    return Draft(tokens=torch.zeros((rows, 0), dtype=torch.long, device=device), lengths=torch.zeros(rows, dtype=torch.long, device=device))
+
+
+def _emitted_block(draft_tokens: torch.Tensor, accepted: torch.Tensor, next_tokens: torch.Tensor, width: int) -> torch.Tensor:
+    """[x_1..x_n, next, ...] per row, LongTensor[R, width]; entries past n are meaningless."""
+    block = torch.cat([draft_tokens[:, : width - 1], next_tokens[:, None]], dim=1).clone()
+    block.scatter_(1, accepted[:, None], next_tokens[:, None])
+    return block
+
+
+def _cut(block: torch.Tensor, count: torch.Tensor, budget: torch.Tensor, eos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shorten each row's emission at its first EOS and at its token budget; return (count, finished)."""
+    positions = torch.arange(block.shape[1], device=block.device)[None, :]
+    is_eos = torch.isin(block, eos) & (positions < count[:, None])
+    first_eos = torch.where(is_eos.any(dim=1), is_eos.long().argmax(dim=1) + 1, count)
+    count = torch.minimum(first_eos, budget)
+    return count, is_eos.any(dim=1) | (count == budget)
+
+
+def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> GenerationResult:
+    """Generate up to ``spec.max_new_tokens`` tokens per row; see the module docstring for the steps."""
+    strategy, device = spec.strategy, input_ids.device
+    batch, prompt_length = input_ids.shape
+    sequences = torch.full((batch, prompt_length + spec.max_new_tokens), spec.pad_token_id, dtype=torch.long, device=device)
+    sequences[:, :prompt_length] = input_ids
+    begin = (attention_mask == 0).sum(dim=1)
+    end = torch.full((batch,), prompt_length, dtype=torch.long, device=device)
+    emitted = torch.zeros(batch, dtype=torch.long, device=device)
+    rows = torch.arange(batch, device=device)
+    eos = torch.tensor(spec.eos_token_ids, dtype=torch.long, device=device)
+    cache = RaggedCache(batch, device, hole_budget=strategy.max_draft_tokens + 1)
+    records = []
+    if spec.streamer is not None:
+        spec.streamer.put(input_ids.cpu())
+
+    # 0. Prefill: the target consumes the prompt except its last token, which is the first anchor.
+    if prompt_length > 1:
+        _target_logits(spec, input_ids[:, :-1], cache, attention_mask[:, :-1], keep=1)
+        cache.commit(attention_mask[:, :-1])
+    if spec.max_new_tokens == 0:
+        rows = rows[:0]
+
+    step = 0
+    while rows.numel() > 0:
+        started = time.perf_counter()
+        budget = spec.max_new_tokens - emitted[rows]
+        # 1. Draft: never more tokens than any row could still emit after its anchor's successor.
+        max_tokens = min(strategy.max_draft_tokens, int(budget.max()) - 1)
+        context = DraftContext(
+            tokens=sequences[rows], begin=begin[rows], end=end[rows], rows=rows, step=step,
+            sampling=spec.sampling, generator=spec.generator,
+        )
+        draft = strategy.drafter.propose(context, max_tokens) if max_tokens > 0 else _empty_draft(rows.numel(), device)
+        # 2. Survival, 3. verify lengths.
+        survival = strategy.confidence.survival(draft) if strategy.confidence is not None and draft.num_tokens > 0 else None
+        limits = torch.minimum(draft.lengths.clamp(0, draft.num_tokens), (budget - 1).clamp_min(0))
+        verify_lengths = strategy.policy.lengths(survival, strategy.cost_model, limits)
+        verify_lengths = torch.minimum(verify_lengths.long().clamp_min(0), limits)
+        drafted = time.perf_counter()
+
+        # 4. One target forward over [anchor, x_1..x_ℓ] for every row.
+        width = 1 + int(verify_lengths.max())
+        positions = torch.arange(width, device=device)[None, :]
+        tokens = torch.cat([context.anchors[:, None], draft.tokens[:, : width - 1]], dim=1)
+        logits = _target_logits(spec, tokens, cache, positions < 1 + verify_lengths[:, None], keep=width)
+
+        # 5. Acceptance rule.
+        if spec.sampling.do_sample:
+            draft_probs = None if draft.probs is None else draft.probs[:, : width - 1]
+            target_probs = warped_probs(logits, spec.sampling)
+            accepted, next_tokens = rejection_sample(draft.tokens[:, : width - 1], draft_probs, target_probs, verify_lengths, spec.generator)
+        else:
+            accepted, next_tokens = greedy_accept(draft.tokens[:, : width - 1], logits, verify_lengths)
+
+        # 6. Keep the anchor and accepted slots; write the emitted tokens.
+        cache.commit(positions < 1 + accepted[:, None])
+        block = _emitted_block(draft.tokens, accepted, next_tokens, width)
+        count, finished = _cut(block, accepted + 1, budget, eos)
+        written = positions < count[:, None]
+        row_index = rows[:, None].expand_as(block)
+        sequences[row_index[written], (end[rows][:, None] + positions)[written]] = block[written]
+        end[rows] += count
+        emitted[rows] += count
+        verified = time.perf_counter()
+        if spec.streamer is not None:
+            spec.streamer.put(block[0, : int(count[0])].cpu())
+
+        # 7. Observe.
+        strategy.drafter.observe(
+            StepOutcome(rows=rows, verify_lengths=verify_lengths, accepted=accepted, next_tokens=next_tokens, finished=finished)
+        )
+        records.append(
+            StepRecord(
+                rows=rows.cpu(), verify_lengths=verify_lengths.cpu(), accepted=accepted.cpu(), emitted=count.cpu(),
+                survival=None if survival is None else survival.float().cpu(),
+                draft_seconds=drafted - started, verify_seconds=verified - drafted, cache_slots=cache.slots,
+            )
+        )
+        # 8. Finished rows stop costing compute.
+        if bool(finished.any()):
+            still = (~finished).nonzero().squeeze(1)
+            rows = rows[still]
+            cache.compact(rows=still)
+        step += 1
+
+    if spec.streamer is not None:
+        spec.streamer.end()
+    sequences = sequences[:, : prompt_length + int(emitted.max())]
+    return GenerationResult(sequences=sequences, stats=GenerationStats(records=tuple(records), max_draft_tokens=strategy.max_draft_tokens))

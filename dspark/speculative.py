@@ -1,0 +1,132 @@
+"""The public entry points: ``wrap`` a Hugging Face causal LM, then ``generate``."""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.kv import check_cache_support
+from dspark.loop import LoopSpec, run_generation
+from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
+from dspark.stats import GenerationResult
+from dspark.strategy import Strategy
+from dspark.types import SamplingConfig
+from dspark.validation import (
+    check_drafter,
+    check_forward_signature,
+    check_max_new_tokens,
+    check_prompt,
+    context_length,
+    eos_ids,
+)
+from dspark.verify.policies import FixedLength
+
+__all__ = ["SpeculativeModel", "wrap", "generate", "DEFAULT_DRAFT_TOKENS"]
+
+#: Block width γ when neither the policy nor the caller fixes one.
+DEFAULT_DRAFT_TOKENS = 4
+
+
+class SpeculativeModel:
+    """A target model with a speculative decoding strategy; ``generate`` is lossless for any strategy."""
+
+    def __init__(self, model: torch.nn.Module, strategy: Strategy):
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"strategy must be a dspark.Strategy, got {type(strategy).__name__}")
+        self.model = model
+        self.strategy = strategy
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.forward_arguments = check_forward_signature(model)
+        check_drafter(strategy.drafter, self.vocab_size)
+
+    def __repr__(self) -> str:
+        return f"SpeculativeModel({type(self.model).__name__}, {self.strategy!r})"
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        max_new_tokens: int = 128,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | list[int] | None = None,
+        generator: torch.Generator | None = None,
+        streamer=None,
+        pad_token_id: int | None = None,
+    ) -> GenerationResult:
+        """Generate like ``model.generate``: greedy output equals the target's greedy output token for token,
+        sampled output follows the target's warped distribution exactly.
+
+        ``eos_token_id`` and ``pad_token_id`` default to the model's generation config (pass ``[]`` for no EOS).
+        ``generator`` makes sampling reproducible. ``streamer`` (any transformers streamer) needs batch size 1.
+        """
+        input_ids, attention_mask = check_prompt(input_ids, attention_mask, self.vocab_size)
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
+        sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        if streamer is not None and input_ids.shape[0] != 1:
+            raise ValueError(f"streamer needs batch size 1, got input_ids of batch size {input_ids.shape[0]}")
+        prompt_length = input_ids.shape[1]
+        limit = context_length(self.model.config)
+        max_slots = prompt_length + max_new_tokens + 2 * (self.strategy.max_draft_tokens + 1)
+        if limit is not None and prompt_length > limit:
+            raise ValueError(f"input_ids has length {prompt_length}, longer than the model's context of {limit} tokens")
+        if limit is not None and prompt_length + max_new_tokens > limit:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} with a prompt of {prompt_length} tokens exceeds the model's context "
+                f"of {limit} tokens; allowed: max_new_tokens <= {limit - prompt_length}"
+            )
+        check_cache_support(self.model.config, max_slots)
+        config = self.model.generation_config
+        eos = eos_ids(config.eos_token_id if eos_token_id is None else eos_token_id, self.vocab_size)
+        if pad_token_id is None:
+            pad_token_id = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
+        spec = LoopSpec(
+            target=self.model,
+            strategy=self.strategy,
+            forward_arguments=self.forward_arguments,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_token_ids=tuple(eos),
+            pad_token_id=int(pad_token_id),
+            generator=generator,
+            streamer=streamer,
+        )
+        return run_generation(spec, input_ids, attention_mask)
+
+
+def wrap(
+    model: torch.nn.Module,
+    drafter: Drafter,
+    *,
+    policy: VerifyPolicy | None = None,
+    confidence: ConfidenceEstimator | None = None,
+    cost_model: CostModel | None = None,
+    max_draft_tokens: int | None = None,
+) -> SpeculativeModel:
+    """Compose ``drafter`` with a policy (default: verify every drafted token), an optional confidence
+    estimator and a cost model around ``model``. γ defaults to the policy's ``max_length`` when it has one,
+    else to the drafter's ``default_draft_tokens``, else ``DEFAULT_DRAFT_TOKENS``."""
+    if max_draft_tokens is None:
+        max_draft_tokens = getattr(policy, "max_length", None)
+    if max_draft_tokens is None:
+        max_draft_tokens = getattr(drafter, "default_draft_tokens", DEFAULT_DRAFT_TOKENS)
+    if policy is None:
+        policy = FixedLength(max_draft_tokens) if isinstance(max_draft_tokens, int) and max_draft_tokens >= 0 else None
+    strategy_arguments = {"drafter": drafter, "policy": policy, "max_draft_tokens": max_draft_tokens, "confidence": confidence}
+    if cost_model is not None:
+        strategy_arguments["cost_model"] = cost_model
+    if not isinstance(drafter, Drafter):
+        check_drafter(drafter, 0)
+    return SpeculativeModel(model, Strategy(**strategy_arguments))
+
+
+def generate(model: torch.nn.Module, input_ids: torch.Tensor, *, drafter: Drafter, attention_mask=None, **kwargs) -> GenerationResult:
+    """One-call form of ``wrap(model, drafter).generate(input_ids, ...)``; wrap options (policy, confidence,
+    cost_model, max_draft_tokens) and generate options are both accepted as keywords."""
+    wrap_keys = ("policy", "confidence", "cost_model", "max_draft_tokens")
+    wrap_arguments = {key: kwargs.pop(key) for key in wrap_keys if key in kwargs}
+    return wrap(model, drafter, **wrap_arguments).generate(input_ids, attention_mask=attention_mask, **kwargs)

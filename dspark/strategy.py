@@ -1,0 +1,40 @@
+"""A Strategy composes the four parts of a decoding step."""
+
+from __future__ import annotations
+
+import attrs
+
+from dspark.cost_models.constant import ConstantCostModel
+from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
+
+__all__ = ["Strategy"]
+
+
+def _instance_of(protocol, optional: bool = False):
+    def check(instance, attribute, value):
+        if value is None and optional:
+            return
+        if not isinstance(value, protocol):
+            raise TypeError(f"{attribute.name} must implement dspark.{protocol.__name__}, got {type(value).__name__}")
+
+    return check
+
+
+def _draft_tokens(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"max_draft_tokens must be an int >= 0, got {value!r}")
+
+
+@attrs.frozen
+class Strategy:
+    """A drafter, an optional confidence estimator, a cost model, a verify policy and the block width γ."""
+
+    drafter: Drafter = attrs.field(validator=_instance_of(Drafter))
+    policy: VerifyPolicy = attrs.field(validator=_instance_of(VerifyPolicy))
+    max_draft_tokens: int = attrs.field(validator=_draft_tokens)
+    confidence: ConfidenceEstimator | None = attrs.field(default=None, validator=_instance_of(ConfidenceEstimator, optional=True))
+    cost_model: CostModel = attrs.field(factory=ConstantCostModel, validator=_instance_of(CostModel))
+
+    def __attrs_post_init__(self):
+        if getattr(self.policy, "needs_survival", False) and self.confidence is None:
+            raise ValueError(f"policy {self.policy!r} needs survival estimates: pass confidence=... (e.g. DraftProbability())")

@@ -1,0 +1,103 @@
+"""Frozen value types that travel between the parts of one decoding step."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+__all__ = ["SamplingConfig", "DraftContext", "Draft", "StepOutcome"]
+
+
+def _optional_positive_int(instance, attribute, value):
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError(f"{attribute.name} must be None or an int >= 0, got {value!r}")
+
+
+@attrs.frozen
+class SamplingConfig:
+    """How the next token is chosen: greedy, or sampling after temperature / top-k / top-p warping."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    top_p: float | None = None
+
+    def __attrs_post_init__(self):
+        if not isinstance(self.do_sample, bool):
+            raise TypeError(f"do_sample must be a bool, got {self.do_sample!r}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise TypeError(f"temperature must be a float, got {self.temperature!r}")
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 when do_sample=True, got {self.temperature!r}")
+        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be None or in (0, 1], got {self.top_p!r}")
+
+
+@attrs.frozen
+class DraftContext:
+    """What a drafter may read when it proposes: the committed tokens of every active row.
+
+    ``tokens[r, begin[r]:end[r]]`` is row r's context; its last token is the anchor, which the
+    target has produced but not yet consumed. ``rows`` are the rows' indices in the caller's batch,
+    ``step`` counts target forwards since the prompt (0 at the first proposal of a generation).
+    """
+
+    tokens: torch.Tensor
+    begin: torch.Tensor
+    end: torch.Tensor
+    rows: torch.Tensor
+    step: int
+    sampling: SamplingConfig
+    generator: torch.Generator | None = None
+
+    @property
+    def anchors(self) -> torch.Tensor:
+        """The last committed token of every row, LongTensor[R]."""
+        return self.tokens.gather(1, (self.end - 1)[:, None]).squeeze(1)
+
+
+@attrs.frozen
+class Draft:
+    """A block of proposed tokens per row.
+
+    ``tokens``: LongTensor[R, γ]; ``lengths``: LongTensor[R], how many leading tokens of each row are
+    real proposals (the rest is padding). ``probs``: FloatTensor[R, γ, V], the draft distribution q_k
+    each token was drawn from, warped exactly as the target's p will be (None for point-mass drafts
+    such as n-gram lookup). ``confidence``: the drafter's own per-position confidence, if it has one.
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    probs: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
+
+    def __attrs_post_init__(self):
+        if self.tokens.dim() != 2 or self.tokens.dtype != torch.long:
+            raise ValueError(f"Draft.tokens must be a LongTensor[R, γ], got {self.tokens.dtype} {tuple(self.tokens.shape)}")
+        rows, gamma = self.tokens.shape
+        if tuple(self.lengths.shape) != (rows,):
+            raise ValueError(f"Draft.lengths must have shape ({rows},), got {tuple(self.lengths.shape)}")
+        if self.probs is not None and tuple(self.probs.shape[:2]) != (rows, gamma):
+            raise ValueError(f"Draft.probs must have shape ({rows}, {gamma}, V), got {tuple(self.probs.shape)}")
+        if self.confidence is not None and tuple(self.confidence.shape) != (rows, gamma):
+            raise ValueError(f"Draft.confidence must have shape ({rows}, {gamma}), got {tuple(self.confidence.shape)}")
+
+    @property
+    def num_tokens(self) -> int:
+        """γ, the block width (the longest proposal in the batch)."""
+        return self.tokens.shape[1]
+
+
+@attrs.frozen
+class StepOutcome:
+    """What the target decided in one step, for ``Drafter.observe``.
+
+    ``rows``: the rows' indices in the caller's batch; ``verify_lengths``: ℓ_r; ``accepted``: n_r ≤ ℓ_r;
+    ``next_tokens``: the recovered or bonus token, the new anchor; ``finished``: rows that stop here.
+    """
+
+    rows: torch.Tensor
+    verify_lengths: torch.Tensor
+    accepted: torch.Tensor
+    next_tokens: torch.Tensor
+    finished: torch.Tensor
