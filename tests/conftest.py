@@ -1,0 +1,58 @@
+"""Tiny randomly initialised causal LMs of many architectures, built from configs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+VOCAB = 128
+COMMON = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3)
+LLAMA_LIKE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+
+# name -> (config class, model class, config keyword arguments)
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", LLAMA_LIKE),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", LLAMA_LIKE),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**LLAMA_LIKE, "head_dim": 8}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {**LLAMA_LIKE, "sliding_window": None}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {**LLAMA_LIKE, "head_dim": 8}),
+    "phi": ("PhiConfig", "PhiForCausalLM", {**LLAMA_LIKE, "num_key_value_heads": 4}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {**LLAMA_LIKE, "pad_token_id": 0}),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", LLAMA_LIKE),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", LLAMA_LIKE),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", LLAMA_LIKE),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, n_positions=2048)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=2048)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=32, max_position_embeddings=2048)),
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=2048)),
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=32, n_layer=2, n_head=4)),
+}
+
+
+def build_model(name: str, seed: int = 0, vocab_size: int = VOCAB, **overrides) -> torch.nn.Module:
+    """A deterministic tiny model of architecture ``name`` in eval mode, float32."""
+    config_name, model_name, kwargs = ARCHITECTURES[name]
+    config = getattr(transformers, config_name)(**{**COMMON, **kwargs, "vocab_size": vocab_size, **overrides})
+    torch.manual_seed(seed)
+    return getattr(transformers, model_name)(config).eval()
+
+
+def left_padded_batch(lengths: list[int], vocab_size: int = VOCAB, seed: int = 0, pad_token_id: int = 0):
+    """Random prompts of the given lengths, left-padded into (input_ids, attention_mask)."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    input_ids = torch.full((len(lengths), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(lengths), width), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        # Ids from 3 up: no prompt token is BOS/EOS/pad, and repeats give prompt lookup something to find.
+        tokens = torch.randint(3, min(vocab_size, 24), (length,), generator=generator)
+        input_ids[row, width - length :] = tokens
+        attention_mask[row, width - length :] = 1
+    return input_ids, attention_mask
+
+
+@pytest.fixture(scope="session")
+def llama():
+    """A tiny Llama shared by tests that do not care about architecture."""
+    return build_model("llama")
