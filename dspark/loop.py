@@ -102,10 +102,12 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         )
         draft = strategy.drafter.propose(context, max_tokens) if max_tokens > 0 else _empty_draft(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
-        survival = strategy.confidence.survival(draft) if strategy.confidence is not None and draft.num_tokens > 0 else None
-        limits = torch.minimum(draft.lengths.clamp(0, draft.num_tokens), (budget - 1).clamp_min(0))
-        verify_lengths = strategy.policy.lengths(survival, strategy.cost_model, limits)
-        verify_lengths = torch.minimum(verify_lengths.long().clamp_min(0), limits)
+        survival, verify_lengths = None, torch.zeros_like(budget)
+        if draft.num_tokens > 0:
+            survival = strategy.confidence.survival(draft) if strategy.confidence is not None else None
+            limits = torch.minimum(draft.lengths.clamp(0, draft.num_tokens), budget - 1)
+            verify_lengths = strategy.policy.lengths(survival, strategy.cost_model, limits)
+            verify_lengths = torch.minimum(verify_lengths.long().clamp_min(0), limits)
         drafted = time.perf_counter()
 
         # 4. One target forward over [anchor, x_1..x_ℓ] for every row.

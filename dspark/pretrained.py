@@ -74,9 +74,8 @@ def _package_dir(source: _GgufSource) -> Path:
     return directory
 
 
-def _convert(source: _GgufSource, destination: Path) -> None:
+def _convert(package_dir: Path, source: _GgufSource, destination: Path) -> None:
     """Dequantize the GGUF file and write a float32 safetensors checkpoint plus tokenizer to ``destination``."""
-    package_dir = _package_dir(source)
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=source.gguf_file)
     loaded = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=source.gguf_file, dtype=torch.float32)
     # save_pretrained refuses a model that claims to be GGUF-quantized, though its weights are plain
@@ -97,12 +96,13 @@ def _ensure_checkpoint(name: str, source: _GgufSource, root: Path) -> Path:
         return path
     if path.exists():
         raise FileExistsError(f"{path} exists but is not a complete dspark checkpoint; remove it to convert again")
+    package_dir = _package_dir(source)
     root.mkdir(parents=True, exist_ok=True)
     # Convert next to the final place, then rename: an interrupted conversion leaves only a temp directory.
     staging = root / f".{name}.partial-{uuid.uuid4().hex}"
     staging.mkdir()
     try:
-        _convert(source, staging)
+        _convert(package_dir, source, staging)
         os.rename(staging, path)
     except OSError:
         if not path.exists():

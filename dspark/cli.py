@@ -1,0 +1,98 @@
+"""The ``dspark`` command: stream a speculative answer from the embedded model, optionally against plain HF."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import TextStreamer
+from transformers.utils import logging as transformers_logging
+
+import dspark
+from dspark import pretrained
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dspark", description="Lossless speculative decoding for Hugging Face models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="answer a chat prompt with speculative decoding")
+    generate.add_argument("prompt", help="the user message; the model's chat template is applied")
+    generate.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
+    generate.add_argument("--max-new-tokens", type=int, default=128)
+    generate.add_argument("--max-draft-tokens", type=int, default=None, help="block width γ (default: the drafter's)")
+    generate.add_argument("--compare", action="store_true", help="also time plain model.generate and check the outputs agree")
+    generate.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    generate.add_argument("--temperature", type=float, default=1.0)
+    generate.add_argument("--top-p", type=float, default=None)
+    generate.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    return parser
+
+
+def _sampling(args) -> dict:
+    """Generate keywords shared by dspark and HF; greedy ignores the sampling knobs."""
+    if not args.sample:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p}
+
+
+def _new_tokens(sequences: torch.Tensor, prompt_length: int, eos_token_id: int) -> list[int]:
+    """Row 0's generated tokens up to and including its first EOS (dspark pads after it, HF stops)."""
+    tokens = sequences[0, prompt_length:].tolist()
+    return tokens[: tokens.index(eos_token_id) + 1] if eos_token_id in tokens else tokens
+
+
+def _run_dspark(bundle, prompt, args) -> tuple[list[int], float]:
+    """Stream the speculative answer; print and return its tokens and tokens/s."""
+    model = dspark.wrap(bundle.target, bundle.drafter, max_draft_tokens=args.max_draft_tokens)
+    generator = torch.Generator().manual_seed(args.seed) if args.sample else None
+    streamer = TextStreamer(bundle.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    started = time.perf_counter()
+    result = model.generate(**prompt, max_new_tokens=args.max_new_tokens, generator=generator, streamer=streamer, **_sampling(args))
+    seconds = time.perf_counter() - started
+    tokens = _new_tokens(result.sequences, prompt["input_ids"].shape[1], bundle.target.generation_config.eos_token_id)
+    speed = len(tokens) / seconds
+    print(f"\n[dspark] {len(tokens)} tokens in {seconds:.2f} s: {speed:.1f} tokens/s, τ {result.stats.tau:.2f}, {result.stats.steps} steps")
+    return tokens, speed
+
+
+def _run_hf(bundle, prompt, args) -> tuple[list[int], float]:
+    """Time plain ``model.generate`` with the same prompt and settings; print and return tokens and tokens/s."""
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+    sequences = bundle.target.generate(**prompt, max_new_tokens=args.max_new_tokens, **_sampling(args))
+    seconds = time.perf_counter() - started
+    tokens = _new_tokens(sequences, prompt["input_ids"].shape[1], bundle.target.generation_config.eos_token_id)
+    speed = len(tokens) / seconds
+    print(f"[hf generate] {len(tokens)} tokens in {seconds:.2f} s: {speed:.1f} tokens/s")
+    return tokens, speed
+
+
+def _generate(args) -> None:
+    bundle = pretrained.load(args.model)
+    messages = [{"role": "user", "content": args.prompt}]
+    prompt = bundle.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = {"input_ids": prompt["input_ids"], "attention_mask": prompt["attention_mask"]}
+    if args.compare:
+        # One short untimed call so neither timed run pays the first-call setup alone.
+        bundle.target.generate(**prompt, max_new_tokens=2, do_sample=False)
+    tokens, speed = _run_dspark(bundle, prompt, args)
+    if not args.compare:
+        return
+    hf_tokens, hf_speed = _run_hf(bundle, prompt, args)
+    print(f"speedup {speed / hf_speed:.2f}x")
+    if args.sample:
+        print("outputs: sampled, so not compared token by token")
+    else:
+        print(f"greedy outputs identical: {tokens == hf_tokens}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``dspark`` console script."""
+    args = _parser().parse_args(argv)
+    # Loading progress bars would interleave with the streamed answer.
+    transformers_logging.disable_progress_bar()
+    if args.command == "generate":
+        _generate(args)

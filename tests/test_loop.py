@@ -1,0 +1,126 @@
+"""Greedy losslessness, EOS handling, KV memory and step records of the generate loop (dspark/loop.py)."""
+
+import pytest
+import torch
+
+import dspark
+from dspark.drafters import DraftModelDrafter, PromptLookupDrafter
+from dspark.verify import DraftProbability, FixedLength, Threshold
+from tests.conftest import ARCHITECTURES, build_model, left_padded_batch
+
+PROMPT_LENGTHS = [7, 12, 3, 9]
+
+
+def _strategies(target):
+    """(label, wrap keyword arguments) for every drafter × policy combination under test."""
+    return [
+        ("lookup-fixed", dict(drafter=PromptLookupDrafter(), max_draft_tokens=4)),
+        ("lookup-autoregressive", dict(drafter=PromptLookupDrafter(), policy=FixedLength(0))),
+        ("draft-model-fixed", dict(drafter=DraftModelDrafter(build_model(_name(target), seed=1)), max_draft_tokens=3)),
+        ("draft-model-threshold", dict(drafter=DraftModelDrafter(build_model(_name(target), seed=1)), policy=Threshold(0.3), confidence=DraftProbability(), max_draft_tokens=5)),
+        ("self-draft", dict(drafter=DraftModelDrafter(target), max_draft_tokens=6)),
+    ]
+
+
+def _name(model) -> str:
+    return next(name for name, (config, _, _) in ARCHITECTURES.items() if type(model.config).__name__ == config)
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_greedy_equals_hf_generate_on_mixed_length_batches(architecture):
+    """Every drafter and policy reproduces model.generate(do_sample=False) token for token, row by row."""
+    target = build_model(architecture)
+    input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS)
+    expected = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=24, do_sample=False)
+    for label, arguments in _strategies(target):
+        drafter = arguments.pop("drafter")
+        result = dspark.wrap(target, drafter, **arguments).generate(input_ids, attention_mask=attention_mask, max_new_tokens=24)
+        assert torch.equal(result.sequences, expected), label
+
+
+def test_self_drafting_accepts_every_token(llama):
+    """A drafter that is the target itself has every verified token accepted: τ = γ + 1."""
+    input_ids, attention_mask = left_padded_batch([5, 8])
+    result = dspark.wrap(llama, DraftModelDrafter(llama), max_draft_tokens=4).generate(input_ids, attention_mask=attention_mask, max_new_tokens=25, eos_token_id=[])
+    assert result.stats.tau == 5.0
+    assert torch.equal(result.stats.position_acceptance, torch.ones(4))
+
+
+@pytest.mark.parametrize("eos_as_list", [False, True])
+def test_rows_stop_at_eos_and_are_padded_like_hf(llama, eos_as_list):
+    """Rows stop at an EOS (int or list) mid-block, are padded with pad_token_id, and match HF generate."""
+    input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=3)
+    free_run = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    eos = int(free_run[0, input_ids.shape[1] + 6])
+    eos_argument = [eos, 127] if eos_as_list else eos
+    expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, do_sample=False, eos_token_id=eos_argument, pad_token_id=0)
+    result = dspark.wrap(llama, PromptLookupDrafter(), max_draft_tokens=5).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=30, eos_token_id=eos_argument, pad_token_id=0
+    )
+    assert torch.equal(result.sequences, expected)
+    assert result.sequences.shape[1] < input_ids.shape[1] + 30 or bool((expected[:, -1] != 0).any())
+
+
+def test_long_generation_keeps_cache_within_live_tokens_plus_one_block():
+    """Over 1,100 tokens with partial acceptance the cache never exceeds the longest row plus one draft block."""
+    target = build_model("llama", max_position_embeddings=4096)
+    input_ids, attention_mask = left_padded_batch([20, 5, 13], seed=7)
+    gamma, new_tokens = 5, 1100
+    expected = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+    result = dspark.wrap(target, PromptLookupDrafter(), max_draft_tokens=gamma).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens, eos_token_id=[]
+    )
+    assert torch.equal(result.sequences, expected)
+    accepted_counts = torch.cat(result.stats.accepted)
+    assert 0 < int(accepted_counts.sum()) and bool((accepted_counts < gamma).any()), "the run must both accept and reject"
+    # The cache holds every row's context except its anchor: prompt − 1 + emitted tokens.
+    live = attention_mask.sum(dim=1) - 1
+    for record in result.stats.records:
+        live[record.rows] += record.emitted
+        assert record.cache_slots <= int(live.max()) + gamma + 1
+
+
+def test_step_records_are_exact(llama):
+    """verified records agree with per-step accepted counts, emitted tokens and position acceptance."""
+    input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=5)
+    result = dspark.wrap(llama, DraftModelDrafter(build_model("llama", seed=2)), policy=Threshold(0.05), confidence=DraftProbability(), max_draft_tokens=4).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=20, eos_token_id=[]
+    )
+    stats = result.stats
+    assert stats.new_tokens == 20 * len(PROMPT_LENGTHS)
+    by_step_row = {}
+    for token in stats.verified:
+        by_step_row.setdefault((token.step, token.row), []).append(token)
+    for step, record in enumerate(stats.records):
+        for index, row in enumerate(record.rows.tolist()):
+            tokens = by_step_row.get((step, row), [])
+            assert [t.position for t in tokens] == list(range(1, int(record.verify_lengths[index]) + 1))
+            assert sum(t.accepted for t in tokens) == int(record.accepted[index])
+            assert all(t.reached for t in tokens[: int(record.accepted[index]) + 1])
+            prefix = 1.0
+            for t in tokens:
+                prefix *= t.survival
+                assert t.prefix_survival == pytest.approx(prefix, rel=1e-5)
+                assert t.survival >= 0.05
+    for position in range(1, 5):
+        reached = [t for t in stats.verified if t.position == position and t.reached]
+        if reached:
+            rate = sum(t.accepted for t in reached) / len(reached)
+            assert float(stats.position_acceptance[position - 1]) == pytest.approx(rate)
+    assert stats.tau == pytest.approx(stats.new_tokens / sum(r.rows.numel() for r in stats.records))
+
+
+def test_max_new_tokens_zero_returns_prompt(llama):
+    """max_new_tokens=0 returns the prompt unchanged with no steps."""
+    input_ids, attention_mask = left_padded_batch([4, 6])
+    result = dspark.generate(llama, input_ids, drafter=PromptLookupDrafter(), attention_mask=attention_mask, max_new_tokens=0)
+    assert torch.equal(result.sequences, input_ids)
+    assert result.stats.steps == 0
+
+
+def test_single_token_prompts(llama):
+    """Prompts of one token (nothing to prefill) still match HF generate."""
+    input_ids = torch.tensor([[5], [9]])
+    expected = llama.generate(input_ids, max_new_tokens=12, do_sample=False)
+    result = dspark.generate(llama, input_ids, drafter=PromptLookupDrafter(), max_new_tokens=12)
+    assert torch.equal(result.sequences, expected)

@@ -1,0 +1,115 @@
+"""Sampling is lossless: a G-test of the joint law of the first two sampled tokens against the exact
+target law, for several warpings and drafters; the same test rejects the draft's law and a
+deliberately anticipating policy (paper Appendix A), so it is known to be able to fail."""
+
+import attrs
+import pytest
+import torch
+from scipy.stats import chi2
+
+import dspark
+from dspark.drafters import DraftModelDrafter, PromptLookupDrafter
+from dspark.types import Draft, SamplingConfig
+from dspark.verify import FixedLength, Threshold
+from dspark.verify.warping import warped_probs
+from tests.conftest import build_model
+
+VOCAB = 6
+ROWS = 4000
+PROMPT = torch.tensor([[3, 4, 3, 5, 3, 4]])
+SIGNIFICANCE = 1e-3
+WARPINGS = [
+    SamplingConfig(do_sample=True),
+    SamplingConfig(do_sample=True, temperature=0.7, top_k=4),
+    SamplingConfig(do_sample=True, temperature=1.3, top_p=0.8),
+]
+
+
+def _joint_law(model, sampling: SamplingConfig) -> torch.Tensor:
+    """Exact P(t1, t2) = p1(t1) · p2(t2 | t1) under the warping, [V, V]."""
+    with torch.inference_mode():
+        first = warped_probs(model(PROMPT).logits[0, -1], sampling)
+        continuations = torch.cat([PROMPT.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], dim=1)
+        second = warped_probs(model(continuations).logits[:, -1], sampling)
+    return first[:, None] * second
+
+
+def _g_test_p_value(sequences: torch.Tensor, law: torch.Tensor) -> float:
+    """p-value of a G-test of the first two generated tokens against ``law``; sparse cells are pooled."""
+    first, second = sequences[:, PROMPT.shape[1]], sequences[:, PROMPT.shape[1] + 1]
+    observed = torch.bincount(first * VOCAB + second, minlength=VOCAB * VOCAB).double()
+    expected = law.flatten().double() * sequences.shape[0]
+    if bool((observed[expected == 0] > 0).any()):
+        return 0.0
+    sparse = expected < 5
+    observed = torch.cat([observed[~sparse], observed[sparse].sum()[None]])
+    expected = torch.cat([expected[~sparse], expected[sparse].sum()[None]])
+    keep = expected > 0
+    observed, expected = observed[keep], expected[keep]
+    g = 2 * float((observed * torch.log(torch.where(observed > 0, observed / expected, 1.0))).sum())
+    return float(chi2.sf(g, observed.numel() - 1))
+
+
+def _sample(target, drafter, sampling, seed, **wrap_arguments):
+    speculative = dspark.wrap(target, drafter, **wrap_arguments)
+    return speculative.generate(
+        PROMPT.expand(ROWS, -1), max_new_tokens=3, do_sample=True, temperature=sampling.temperature,
+        top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=[], generator=torch.Generator().manual_seed(seed),
+    )
+
+
+@pytest.fixture(scope="module")
+def models():
+    return build_model("llama", seed=0, vocab_size=VOCAB, initializer_range=0.5), build_model("llama", seed=11, vocab_size=VOCAB, initializer_range=0.5)
+
+
+@pytest.mark.parametrize("warping", range(len(WARPINGS)))
+@pytest.mark.parametrize("drafter_kind", ["draft-model", "prompt-lookup"])
+def test_sampled_tokens_follow_the_target_law(models, warping, drafter_kind):
+    """The first two sampled tokens pass a G-test against the target's exact warped joint law."""
+    target, draft_model = models
+    sampling = WARPINGS[warping]
+    drafter = DraftModelDrafter(draft_model) if drafter_kind == "draft-model" else PromptLookupDrafter(max_ngram=2)
+    result = _sample(target, drafter, sampling, seed=warping, max_draft_tokens=2)
+    assert result.stats.tau > 1.1, "drafts must be accepted often enough for the test to exercise acceptance"
+    assert _g_test_p_value(result.sequences, _joint_law(target, sampling)) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("warping", range(len(WARPINGS)))
+def test_the_test_rejects_the_draft_law(models, warping):
+    """Power: the same samples are rejected when tested against the draft model's own law."""
+    target, draft_model = models
+    sampling = WARPINGS[warping]
+    result = _sample(target, DraftModelDrafter(draft_model), sampling, seed=warping, max_draft_tokens=2)
+    assert _g_test_p_value(result.sequences, _joint_law(draft_model, sampling)) < SIGNIFICANCE
+
+
+@attrs.frozen
+class AnticipatingDraftProbability:
+    """A deliberately biased estimator: c_k = q_k(x_k) looks at the drawn token itself."""
+
+    def survival(self, draft: Draft) -> torch.Tensor:
+        return draft.probs.gather(2, draft.tokens[:, :, None]).squeeze(2)
+
+
+def test_the_test_rejects_an_anticipating_policy(models):
+    """Power: verifying x_k only when q_k(x_k) is high (a decision that sees x_k) biases the output law."""
+    target, draft_model = models
+    sampling = WARPINGS[0]
+    result = _sample(target, DraftModelDrafter(draft_model), sampling, seed=0, max_draft_tokens=2, policy=Threshold(0.3), confidence=AnticipatingDraftProbability())
+    assert _g_test_p_value(result.sequences, _joint_law(target, sampling)) < SIGNIFICANCE
+
+
+def test_same_seed_same_output(models):
+    """generator= makes sampling reproducible; a different seed gives different samples."""
+    target, draft_model = models
+    runs = [_sample(target, DraftModelDrafter(draft_model), WARPINGS[1], seed=seed, max_draft_tokens=2).sequences for seed in (5, 5, 6)]
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+
+
+def test_plain_sampling_through_the_loop_is_lossless(models):
+    """FixedLength(0) sampling (no drafts) follows the target law too."""
+    target, _ = models
+    result = _sample(target, PromptLookupDrafter(), WARPINGS[2], seed=9, policy=FixedLength(0))
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[2])) > SIGNIFICANCE
