@@ -1,0 +1,41 @@
+"""The independent draft model in dspark/drafters/draft_model.py."""
+
+import pytest
+import torch
+
+from dspark.drafters import DraftModelDrafter
+from dspark.types import DraftContext, SamplingConfig, StepOutcome
+from tests.conftest import build_model
+
+
+def _context(tokens, end, step=0, sampling=SamplingConfig()):
+    return DraftContext(tokens=tokens, begin=torch.zeros(tokens.shape[0], dtype=torch.long), end=end, rows=torch.arange(tokens.shape[0]), step=step, sampling=sampling)
+
+
+def test_greedy_draft_equals_the_draft_models_own_greedy_continuation():
+    """Drafted tokens are the draft model's greedy continuation, with q returned per position."""
+    model = build_model("llama", seed=4)
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    expected = model.generate(prompt, max_new_tokens=3, do_sample=False, eos_token_id=None)[0, 4:]
+    draft = DraftModelDrafter(model).propose(_context(prompt, torch.tensor([4])), 3)
+    assert draft.tokens[0].tolist() == expected.tolist()
+    assert draft.probs.shape == (1, 3, model.config.vocab_size)
+    assert torch.allclose(draft.probs.sum(dim=-1), torch.ones(1, 3))
+
+
+def test_observe_rolls_back_rejected_drafts():
+    """After an outcome the cache holds exactly the committed tokens the model has consumed."""
+    model = build_model("llama", seed=4)
+    drafter = DraftModelDrafter(model)
+    tokens = torch.zeros((2, 20), dtype=torch.long)
+    tokens[:, :4] = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    drafter.propose(_context(tokens, torch.tensor([4, 4])), 4)
+    drafter.observe(StepOutcome(rows=torch.arange(2), verify_lengths=torch.tensor([4, 4]), accepted=torch.tensor([1, 4]), next_tokens=torch.tensor([3, 3]), finished=torch.tensor([False, False])))
+    # Row 0 keeps its 4 context tokens + x_1; row 1 keeps x_1..x_3 (x_4 was never fed).
+    assert drafter._cache.lengths.tolist() == [5, 7]
+
+
+def test_bad_block_width_is_refused():
+    """default_draft_tokens below 1 is refused."""
+    with pytest.raises(ValueError, match="default_draft_tokens"):
+        DraftModelDrafter(build_model("llama"), default_draft_tokens=0)

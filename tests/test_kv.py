@@ -1,0 +1,96 @@
+"""Ragged KV bookkeeping in dspark/kv.py: holes, positions, compaction and cache checks."""
+
+import pytest
+import torch
+
+from dspark.kv import RaggedCache, check_cache_support
+from tests.conftest import build_model
+
+
+def _clean_logits(model, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([tokens])).logits[0, -1]
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gpt2", "opt", "bloom", "falcon", "gpt_neox"])
+def test_holes_are_invisible_to_the_next_forward(architecture):
+    """After rejected slots are masked, the next logits equal a clean run of the kept tokens."""
+    model = build_model(architecture)
+    cache = RaggedCache(rows=2, device=torch.device("cpu"), hole_budget=10)
+    position_ids = architecture != "bloom"
+    with torch.inference_mode():
+        prompt = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+        model(prompt, **cache.forward_inputs(torch.ones_like(prompt), position_ids))
+        cache.commit(torch.ones_like(prompt))
+        block = torch.tensor([[20, 21, 22], [30, 31, 32]])
+        model(block, **cache.forward_inputs(torch.ones_like(block), position_ids))
+        cache.commit(torch.tensor([[1, 0, 0], [1, 1, 0]]))  # row 0 keeps 20; row 1 keeps 30, 31
+        anchors = torch.tensor([[40], [41]])
+        logits = model(anchors, **cache.forward_inputs(torch.ones_like(anchors), position_ids)).logits[:, -1]
+    assert torch.allclose(logits[0], _clean_logits(model, [5, 6, 7, 8, 20, 40]), atol=1e-4)
+    assert torch.allclose(logits[1], _clean_logits(model, [9, 10, 11, 12, 30, 31, 41]), atol=1e-4)
+
+
+def test_compaction_and_row_selection_preserve_logits():
+    """compact(rows=...) drops rows and holes without changing what the kept rows see."""
+    model = build_model("llama")
+    cache = RaggedCache(rows=3, device=torch.device("cpu"), hole_budget=100)
+    with torch.inference_mode():
+        prompt = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4]])
+        mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+        model(prompt, **cache.forward_inputs(mask))
+        cache.commit(mask)
+        block = torch.tensor([[20, 21], [30, 31], [40, 41]])
+        model(block, **cache.forward_inputs(torch.ones_like(block)))
+        cache.commit(torch.tensor([[1, 0], [0, 0], [1, 1]]))
+        cache.compact(rows=torch.tensor([0, 2]))
+        assert cache.slots == 3 and cache.lengths.tolist() == [3, 3]
+        anchors = torch.tensor([[50], [51]])
+        logits = model(anchors, **cache.forward_inputs(torch.ones_like(anchors))).logits[:, -1]
+    assert torch.allclose(logits[0], _clean_logits(model, [5, 6, 20, 50]), atol=1e-4)
+    assert torch.allclose(logits[1], _clean_logits(model, [4, 40, 41, 51]), atol=1e-4)
+
+
+def test_dead_tail_is_cropped_and_hole_budget_triggers_compaction():
+    """Trailing dead slots are cropped at once; interior holes are gathered once they exceed the budget."""
+    model = build_model("llama")
+    cache = RaggedCache(rows=2, device=torch.device("cpu"), hole_budget=2)
+    with torch.inference_mode():
+        prompt = torch.tensor([[5, 6], [7, 8]])
+        model(prompt, **cache.forward_inputs(torch.ones_like(prompt)))
+        cache.commit(torch.ones_like(prompt))
+        block = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]])
+        model(block, **cache.forward_inputs(torch.ones_like(block)))
+        cache.commit(torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]]))
+        assert cache.slots == 4 and cache.cache.get_seq_length() == 4  # two dead columns cropped
+        model(block, **cache.forward_inputs(torch.ones_like(block)))
+        cache.commit(torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1]]))
+    assert cache.lengths.tolist() == [5, 7]
+    assert cache.slots - int(cache.lengths.max()) <= 2
+    assert cache.cache.get_seq_length() == cache.slots
+
+
+def test_rollback_keeps_a_prefix_of_the_speculative_slots():
+    """rollback keeps the first keep[r] of the last slots and drops the rest."""
+    model = build_model("llama")
+    cache = RaggedCache(rows=2, device=torch.device("cpu"), hole_budget=10)
+    with torch.inference_mode():
+        tokens = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+        model(tokens, **cache.forward_inputs(torch.ones_like(tokens)))
+        cache.commit(torch.ones_like(tokens))
+    cache.rollback(3, torch.tensor([1, 3]))
+    assert cache.lengths.tolist() == [2, 4]
+
+
+def test_check_cache_support():
+    """Plain dynamic caches pass; sliding windows pass only while they cannot slide; hybrids obey the same rule."""
+    check_cache_support(build_model("llama").config, max_slots=10_000)
+    check_cache_support(build_model("mistral", sliding_window=64).config, max_slots=64)
+    with pytest.raises(ValueError, match="sliding-window cache of 64 tokens"):
+        check_cache_support(build_model("mistral", sliding_window=64).config, max_slots=65)
+
+
+def test_negative_hole_budget_is_refused():
+    """hole_budget < 0 is a ValueError naming it."""
+    with pytest.raises(ValueError, match="hole_budget"):
+        RaggedCache(rows=1, device=torch.device("cpu"), hole_budget=-1)

@@ -1,0 +1,41 @@
+"""Verify policies in dspark/verify/policies.py."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dspark.cost_models import ConstantCostModel
+from dspark.verify import FixedLength, Threshold
+
+COST = ConstantCostModel()
+
+
+@given(st.integers(0, 8), st.lists(st.integers(0, 8), min_size=1, max_size=6))
+def test_fixed_length_is_k_capped_by_limits(k, limits):
+    """FixedLength(k) verifies min(k, limit) tokens of every row, survival unused."""
+    limits = torch.tensor(limits)
+    assert torch.equal(FixedLength(k).lengths(None, COST, limits), limits.clamp_max(k))
+
+
+@given(st.floats(0, 1), st.lists(st.lists(st.floats(0.001, 0.999), min_size=4, max_size=4), min_size=1, max_size=5))
+def test_threshold_stops_before_first_low_survival(t, survival):
+    """Threshold(t) verifies exactly the leading positions with c_k ≥ t."""
+    survival = torch.tensor(survival)
+    lengths = Threshold(t).lengths(survival, COST, torch.full((survival.shape[0],), 4))
+    for row, values in enumerate(survival.tolist()):
+        expected = next((k for k, value in enumerate(values) if value < t), 4)
+        assert int(lengths[row]) == expected
+
+
+def test_threshold_without_survival_is_refused():
+    """Threshold needs survival estimates."""
+    with pytest.raises(ValueError, match="survival"):
+        Threshold(0.5).lengths(None, COST, torch.tensor([3]))
+
+
+@pytest.mark.parametrize("factory, value", [(FixedLength, -1), (FixedLength, 1.5), (Threshold, 1.5), (Threshold, -0.1)])
+def test_bad_parameters_are_refused(factory, value):
+    """Out-of-range policy parameters raise ValueError with the value in the message."""
+    with pytest.raises(ValueError, match=repr(value)):
+        factory(value)

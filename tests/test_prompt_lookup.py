@@ -1,0 +1,46 @@
+"""The n-gram drafter in dspark/drafters/prompt_lookup.py."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dspark.drafters import PromptLookupDrafter, lookup_continuation
+from dspark.types import DraftContext, SamplingConfig
+
+
+def test_lookup_takes_the_latest_match_of_the_longest_ngram():
+    """The last trigram's latest earlier occurrence decides the continuation."""
+    context = torch.tensor([1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3])
+    assert lookup_continuation(context, max_ngram=3, min_ngram=1, max_tokens=3).tolist() == [7, 8, 5]
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(1, 4), st.integers(1, 6))
+def test_lookup_continuation_follows_a_real_match(tokens, max_ngram, max_tokens):
+    """Whatever is proposed follows an earlier occurrence of the context's suffix."""
+    context = torch.tensor(tokens)
+    found = lookup_continuation(context, max_ngram, 1, max_tokens).tolist()
+    assert len(found) <= max_tokens
+    if found:
+        matches = [
+            start for n in range(1, max_ngram + 1) for start in range(len(tokens) - n)
+            if tokens[start : start + n] == tokens[len(tokens) - n :] and tokens[start + n : start + n + len(found)] == found
+        ]
+        assert matches
+
+
+def test_propose_handles_ragged_rows():
+    """Rows without a match get length 0; the others get their own continuation."""
+    tokens = torch.tensor([[0, 0, 4, 5, 6, 4, 5], [1, 2, 3, 4, 5, 6, 7]])
+    context = DraftContext(tokens=tokens, begin=torch.tensor([2, 0]), end=torch.tensor([7, 7]), rows=torch.tensor([0, 1]), step=0, sampling=SamplingConfig())
+    draft = PromptLookupDrafter(max_ngram=2).propose(context, 3)
+    assert draft.lengths.tolist() == [3, 0]
+    assert draft.tokens[0].tolist() == [6, 4, 5]
+    assert draft.probs is None
+
+
+@pytest.mark.parametrize("kwargs", [{"max_ngram": 0}, {"min_ngram": 4, "max_ngram": 2}, {"default_draft_tokens": 0}])
+def test_bad_sizes_are_refused(kwargs):
+    """Sizes below 1 or min above max are refused."""
+    with pytest.raises(ValueError):
+        PromptLookupDrafter(**kwargs)
