@@ -32,10 +32,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _sampling(args) -> dict:
-    """Generate keywords shared by dspark and HF; greedy ignores the sampling knobs."""
+    """Generate keywords shared by dspark and HF."""
     if not args.sample:
         return {"do_sample": False}
-    return {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p}
+    # top_k=0 means "off" to both; left unset, HF would fill in its default of 50 and sample differently.
+    return {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p, "top_k": 0}
 
 
 def _new_tokens(sequences: torch.Tensor, prompt_length: int, eos_token_id: int) -> list[int]:
@@ -91,7 +92,10 @@ def _generate(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``dspark`` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "generate" and not args.sample and (args.temperature != 1.0 or args.top_p is not None):
+        parser.error("--temperature and --top-p need --sample")
     # Loading progress bars would interleave with the streamed answer.
     transformers_logging.disable_progress_bar()
     if args.command == "generate":

@@ -1,0 +1,58 @@
+"""The embedded SmolLM2-135M-Instruct target (dspark/pretrained.py) and the CLI (dspark/cli.py)."""
+
+import pytest
+import torch
+
+import dspark
+from dspark import cli, pretrained
+from dspark.drafters import PromptLookupDrafter
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = [
+    "List three prime numbers.",
+    "Write a Python function that returns the square of a number, and explain it in one sentence.",
+    "Repeat after me: the cat sat on the mat, the cat sat on the mat.",
+]
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return pretrained.load("smollm2-135m-instruct")
+
+
+def _chat_batch(tokenizer, prompts):
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in prompts]
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return encoded["input_ids"], encoded["attention_mask"]
+
+
+def test_bundle_parts(bundle):
+    """The bundle carries a Llama target, its tokenizer and a prompt-lookup drafter for now."""
+    assert bundle.target.config.vocab_size == 49152
+    assert isinstance(bundle.drafter, PromptLookupDrafter)
+    assert bundle.tokenizer.eos_token == "<|im_end|>"
+
+
+def test_greedy_equals_hf_generate_on_smollm2(bundle):
+    """A mixed-length batch of chat prompts gives exactly HF's greedy output."""
+    input_ids, attention_mask = _chat_batch(bundle.tokenizer, PROMPTS)
+    expected = bundle.target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=40, do_sample=False)
+    result = dspark.wrap(bundle.target, bundle.drafter).generate(input_ids, attention_mask=attention_mask, max_new_tokens=40)
+    assert torch.equal(result.sequences, expected)
+    assert result.stats.tau > 1.0
+
+
+def test_unknown_model_name_is_refused():
+    """Unknown names raise ValueError listing the known ones."""
+    with pytest.raises(ValueError, match="smollm2-135m-instruct"):
+        pretrained.load("gpt-17")
+
+
+def test_cli_generate_streams_and_compares(bundle, capsys):
+    """`dspark generate --compare` streams an answer and reports speed, τ and identical outputs."""
+    cli.main(["generate", "Say hello.", "--max-new-tokens", "12", "--compare"])
+    output = capsys.readouterr().out
+    assert "tokens/s" in output and "τ" in output and "speedup" in output
+    assert "greedy outputs identical: True" in output
