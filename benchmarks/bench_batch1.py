@@ -41,7 +41,7 @@ __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "eval" / "spec_bench.jsonl"
-DEFAULT_OUTPUT = ROOT / "benchmarks" / "results" / "bench_batch1.json"
+RESULTS = ROOT / "benchmarks" / "results"
 BASELINE = "hf_generate"
 HF_LOOKUP_TOKENS = 10
 
@@ -49,7 +49,7 @@ HF_LOOKUP_TOKENS = 10
 def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument("--output", type=Path, default=None, help="default: benchmarks/results/bench_batch1[_quick].json")
     parser.add_argument("--per-category", type=int, default=2, help="prompts per Spec-Bench category (first turn)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gammas", default="", help="comma-separated γ sweep for dspark prompt lookup, e.g. 2,4,6,10")
@@ -58,6 +58,9 @@ def _parse_args(argv):
     args = parser.parse_args(argv)
     if args.quick:
         args.per_category, args.max_new_tokens = 1, 32
+    if args.output is None:
+        # A smoke test must not overwrite the full run's report.
+        args.output = RESULTS / ("bench_batch1_quick.json" if args.quick else "bench_batch1.json")
     try:
         args.gammas = sorted({int(value) for value in args.gammas.split(",") if value.strip()})
     except ValueError:
@@ -266,6 +269,8 @@ def _write_json(path: Path, report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     args = _parse_args(argv)
+    # Other processes on a small CPU skew every timing; the load average makes that visible in the report.
+    load_before = os.getloadavg()
     transformers_logging.disable_progress_bar()
     bundle = pretrained.load()
     bundle.tokenizer.padding_side = "left"
@@ -289,6 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
         },
         "overall": _aggregate(per_prompt, methods),
         "categories": {category: _aggregate(entries, methods) for category, entries in categories.items()},
@@ -298,6 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if args.batch:
         report["batch"] = _run_batch(bundle, questions, methods, args.batch, args.max_new_tokens)
+    report["settings"]["load_average_1_5_15min"] = {"start": load_before, "end": os.getloadavg()}
     _write_json(args.output, report)
     _print_table(report)
     print(f"\nwrote {args.output}")

@@ -78,8 +78,8 @@ def _convert(package_dir: Path, source: _GgufSource, destination: Path) -> None:
     """Dequantize the GGUF file and write a float32 safetensors checkpoint plus tokenizer to ``destination``."""
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=source.gguf_file)
     loaded = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=source.gguf_file, dtype=torch.float32)
-    # save_pretrained refuses a model that claims to be GGUF-quantized, though its weights are plain
-    # float32 after loading: rebuild it from a config without the quantization entry.
+    # A GGUF-loaded model cannot be saved as it is (its config carries the GGUF quantization entry),
+    # though its weights are plain float32 after loading: rebuild it from a config without that entry.
     config = copy.deepcopy(loaded.config)
     del config.quantization_config
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
