@@ -20,8 +20,9 @@ def test_fixed_length_is_k_capped_by_limits(k, limits):
 
 @given(st.floats(0, 1), st.lists(st.lists(st.floats(0.001, 0.999), min_size=4, max_size=4), min_size=1, max_size=5))
 def test_threshold_stops_before_first_low_survival(t, survival):
-    """Threshold(t) verifies exactly the leading positions with c_k ≥ t."""
+    """Threshold(t) verifies exactly the leading positions with c_k ≥ t (compared in survival's dtype)."""
     survival = torch.tensor(survival)
+    t = float(torch.tensor(t, dtype=survival.dtype))
     lengths = Threshold(t).lengths(survival, COST, torch.full((survival.shape[0],), 4))
     for row, values in enumerate(survival.tolist()):
         expected = next((k for k, value in enumerate(values) if value < t), 4)

@@ -1,0 +1,102 @@
+"""Choose PromptLookupDrafter's defaults on *training* prompts (never eval/): a sweep over the block
+width γ and the shortest n-gram that may trigger a draft, greedy, batch 1, SmolLM2.
+
+For each setting it records τ, the share of steps that verified something, and the measured
+target-forward times of plain (ℓ = 0) and verifying (ℓ ≥ 1) steps; the speed it reports is
+tokens / wall-clock seconds, next to an autoregressive run of the same prompts in the same process.
+
+    python benchmarks/tune_prompt_lookup.py --prompts 12 --max-new-tokens 96
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+from transformers.utils import logging as transformers_logging
+
+import dspark
+from dspark import pretrained, strategies
+from dspark.drafters import PromptLookupDrafter
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT.parent / "shared" / "data" / "train"
+OUTPUT = ROOT / "benchmarks" / "results" / "tune_prompt_lookup.json"
+
+
+def training_prompts(count: int, seed: int = 0) -> list[str]:
+    """An even mix of ShareGPT, Alpaca, Code Alpaca and GSM8K-train prompts."""
+    def read(name):
+        return [json.loads(line) for line in (TRAIN / name).read_text().splitlines() if line.strip()]
+
+    sources = [
+        [r["prompt"] for r in read("sharegpt_prompts.jsonl") if len(r["prompt"]) < 1500],
+        [(r["instruction"] + "\n" + r["input"]).strip() for r in read("alpaca_5k.jsonl")],
+        [(r["instruction"] + "\n" + r["input"]).strip() for r in read("code_alpaca_2k.jsonl")],
+        [r["question"] for r in read("gsm8k_train.jsonl")],
+    ]
+    rng = random.Random(seed)
+    return [rng.choice(sources[index % len(sources)]) for index in range(count)]
+
+
+def run(model, strategy, prompts, max_new_tokens) -> dict:
+    """Generate every prompt; return tokens, seconds, τ and per-kind median step times."""
+    speculative = dspark.SpeculativeModel(model, strategy)
+    tokens = seconds = 0.0
+    plain, verifying, row_steps = [], [], 0
+    for prompt in prompts:
+        started = time.perf_counter()
+        result = speculative.generate(**prompt, max_new_tokens=max_new_tokens)
+        seconds += time.perf_counter() - started
+        tokens += result.stats.new_tokens
+        row_steps += result.stats.steps
+        for record in result.stats.records:
+            (verifying if int(record.verify_lengths.max()) > 0 else plain).append(record.verify_seconds)
+    return {
+        "tokens_per_s": tokens / seconds,
+        "tau": tokens / row_steps,
+        "verify_share": len(verifying) / max(row_steps, 1),
+        "plain_step_ms": 1000 * statistics.median(plain) if plain else None,
+        "verify_step_ms": 1000 * statistics.median(verifying) if verifying else None,
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--gammas", default="2,4,6")
+    parser.add_argument("--min-ngrams", default="1,2")
+    args = parser.parse_args(argv)
+    transformers_logging.disable_progress_bar()
+    bundle = pretrained.load()
+    tokenizer = bundle.tokenizer
+    prompts = [
+        dict(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True))
+        for text in training_prompts(args.prompts)
+    ]
+    settings = [("autoregressive", strategies.autoregressive(PromptLookupDrafter()))]
+    for min_ngram in map(int, args.min_ngrams.split(",")):
+        for gamma in map(int, args.gammas.split(",")):
+            drafter = PromptLookupDrafter(max_ngram=max(3, min_ngram), min_ngram=min_ngram)
+            settings.append((f"min_ngram={min_ngram},gamma={gamma}", strategies.fixed_length(drafter, gamma)))
+    dspark.SpeculativeModel(bundle.target, settings[0][1]).generate(**prompts[0], max_new_tokens=4)  # warm-up
+    results = {}
+    for name, strategy in tqdm(settings, desc="settings"):
+        results[name] = run(bundle.target, strategy, prompts, args.max_new_tokens)
+        results[name]["vs_autoregressive"] = results[name]["tokens_per_s"] / results["autoregressive"]["tokens_per_s"]
+        tqdm.write(f"{name:28s} {results[name]['tokens_per_s']:6.2f} tok/s  x{results[name]['vs_autoregressive']:.2f}  tau {results[name]['tau']:.2f}")
+    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+    OUTPUT.write_text(json.dumps({"command": shlex.join([sys.executable, *sys.argv]), "settings": vars(args), "results": results}, indent=2))
+    print(f"wrote {OUTPUT}")
+
+
+if __name__ == "__main__":
+    main()
