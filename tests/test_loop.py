@@ -47,18 +47,22 @@ def test_self_drafting_accepts_every_token(llama):
 
 
 @pytest.mark.parametrize("eos_as_list", [False, True])
-def test_rows_stop_at_eos_and_are_padded_like_hf(llama, eos_as_list):
+@pytest.mark.parametrize("drafter_kind", ["prompt-lookup", "draft-model"])
+def test_rows_stop_at_eos_and_are_padded_like_hf(llama, eos_as_list, drafter_kind):
     """Rows stop at an EOS (int or list) mid-block, are padded with pad_token_id, and match HF generate."""
     input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=3)
     free_run = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, do_sample=False, eos_token_id=None)
     eos = int(free_run[0, input_ids.shape[1] + 6])
     eos_argument = [eos, 127] if eos_as_list else eos
     expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, do_sample=False, eos_token_id=eos_argument, pad_token_id=0)
-    result = dspark.wrap(llama, PromptLookupDrafter(), max_draft_tokens=5).generate(
+    drafter = PromptLookupDrafter() if drafter_kind == "prompt-lookup" else DraftModelDrafter(llama)
+    result = dspark.wrap(llama, drafter, max_draft_tokens=5).generate(
         input_ids, attention_mask=attention_mask, max_new_tokens=30, eos_token_id=eos_argument, pad_token_id=0
     )
     assert torch.equal(result.sequences, expected)
-    assert result.sequences.shape[1] < input_ids.shape[1] + 30 or bool((expected[:, -1] != 0).any())
+    first_row = result.sequences[0, input_ids.shape[1] :].tolist()
+    stop = first_row.index(eos)
+    assert stop <= 6 and all(token == 0 for token in first_row[stop + 1 :])
 
 
 def test_long_generation_keeps_cache_within_live_tokens_plus_one_block():

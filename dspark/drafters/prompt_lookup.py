@@ -36,11 +36,13 @@ class PromptLookupDrafter:
     """Training-free n-gram drafter (prompt lookup decoding) over each row's own context.
 
     ``max_ngram`` / ``min_ngram`` bound the n-gram sizes tried (longest first); ``default_draft_tokens``
-    is the block width γ used when the caller does not choose one.
+    is the block width γ used when the caller does not choose one. The defaults (min_ngram=2, γ=4)
+    come from ``benchmarks/tune_prompt_lookup.py`` on training prompts: single-token matches are
+    right too rarely to pay for a multi-token verify forward on a CPU.
     """
 
     max_ngram: int = attrs.field(default=3, validator=_positive_int)
-    min_ngram: int = attrs.field(default=1, validator=_positive_int)
+    min_ngram: int = attrs.field(default=2, validator=_positive_int)
     default_draft_tokens: int = attrs.field(default=4, validator=_positive_int)
     vocab_size = None
 
