@@ -38,13 +38,21 @@ class LoopSpec:
     streamer: object | None = None
 
 
-def _target_logits(spec: LoopSpec, tokens: torch.Tensor, cache: RaggedCache, new_mask: torch.Tensor, keep: int) -> torch.Tensor:
-    """Run the target on ``tokens`` appended to the cache; return float32 logits of the last ``keep`` positions."""
+def _target_forward(
+    spec: LoopSpec, tokens: torch.Tensor, cache: RaggedCache, new_mask: torch.Tensor, keep: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the target on ``tokens`` appended to the cache.
+
+    Returns float32 logits of the last ``keep`` positions and, when the drafter reads target
+    features, the hidden states of its ``target_layers`` concatenated, [R, T, m·d] (else None).
+    """
     inputs = cache.forward_inputs(new_mask, position_ids="position_ids" in spec.forward_arguments)
     if "logits_to_keep" in spec.forward_arguments:
         inputs["logits_to_keep"] = keep
-    logits = spec.target(input_ids=tokens, **inputs).logits
-    return logits[:, -keep:].float().to(tokens.device)
+    layers = spec.strategy.target_layers
+    outputs = spec.target(input_ids=tokens, output_hidden_states=bool(layers), **inputs)
+    features = torch.cat([outputs.hidden_states[layer] for layer in layers], dim=-1).to(tokens.device) if layers else None
+    return outputs.logits[:, -keep:].float().to(tokens.device), features
 
 
 def _empty_draft(rows: int, device: torch.device) -> Draft:
@@ -53,7 +61,7 @@ def _empty_draft(rows: int, device: torch.device) -> Draft:
 
 def _emitted_block(draft_tokens: torch.Tensor, accepted: torch.Tensor, next_tokens: torch.Tensor, width: int) -> torch.Tensor:
     """[x_1..x_n, next, ...] per row, LongTensor[R, width]; entries past n are meaningless."""
-    block = torch.cat([draft_tokens[:, : width - 1], next_tokens[:, None]], dim=1).clone()
+    block = torch.cat([draft_tokens[:, : width - 1], next_tokens[:, None]], dim=1)
     block.scatter_(1, accepted[:, None], next_tokens[:, None])
     return block
 
@@ -84,9 +92,10 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         spec.streamer.put(input_ids.cpu())
 
     # 0. Prefill: the target consumes the prompt except its last token, which is the first anchor.
+    features, feature_mask = None, attention_mask[:, :-1]
     if prompt_length > 1:
-        _target_logits(spec, input_ids[:, :-1], cache, attention_mask[:, :-1], keep=1)
-        cache.commit(attention_mask[:, :-1])
+        _, features = _target_forward(spec, input_ids[:, :-1], cache, feature_mask, keep=1)
+        cache.commit(feature_mask)
     if spec.max_new_tokens == 0:
         rows = rows[:0]
 
@@ -98,7 +107,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         max_tokens = min(strategy.max_draft_tokens, int(budget.max()) - 1)
         context = DraftContext(
             tokens=sequences[rows], begin=begin[rows], end=end[rows], rows=rows, step=step,
-            sampling=spec.sampling, generator=spec.generator,
+            sampling=spec.sampling, generator=spec.generator, features=features, feature_mask=feature_mask,
         )
         draft = strategy.drafter.propose(context, max_tokens) if max_tokens > 0 else _empty_draft(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
@@ -114,7 +123,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         width = 1 + int(verify_lengths.max())
         positions = torch.arange(width, device=device)[None, :]
         tokens = torch.cat([context.anchors[:, None], draft.tokens[:, : width - 1]], dim=1)
-        logits = _target_logits(spec, tokens, cache, positions < 1 + verify_lengths[:, None], keep=width)
+        logits, features = _target_forward(spec, tokens, cache, positions < 1 + verify_lengths[:, None], keep=width)
 
         # 5. Acceptance rule.
         if spec.sampling.do_sample:
@@ -125,7 +134,8 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
             accepted, next_tokens = greedy_accept(draft.tokens[:, : width - 1], logits, verify_lengths)
 
         # 6. Keep the anchor and accepted slots; write the emitted tokens.
-        cache.commit(positions < 1 + accepted[:, None])
+        feature_mask = (positions < 1 + accepted[:, None]).long()
+        cache.commit(feature_mask)
         block = _emitted_block(draft.tokens, accepted, next_tokens, width)
         count, finished = _cut(block, accepted + 1, budget, eos)
         written = positions < count[:, None]
@@ -151,7 +161,8 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         # 8. Finished rows stop costing compute.
         if bool(finished.any()):
             still = (~finished).nonzero().squeeze(1)
-            rows = rows[still]
+            rows, feature_mask = rows[still], feature_mask[still]
+            features = None if features is None else features[still]
             cache.compact(rows=still)
         step += 1
 

@@ -16,6 +16,9 @@ class Drafter(Protocol):
 
     ``vocab_size`` is the size of the vocabulary the drafter's token ids live in (None when it only
     copies ids from the context, as n-gram lookup does); the loop refuses a mismatch with the target.
+    A drafter that conditions on the target may also set ``target_layers`` (indices into the target's
+    ``hidden_states``); the loop then asks the target for exactly those and hands them over in
+    ``DraftContext.features``.
     """
 
     vocab_size: int | None

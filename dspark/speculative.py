@@ -8,7 +8,7 @@ from dspark.kv import check_cache_support
 from dspark.loop import LoopSpec, run_generation
 from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
 from dspark.stats import GenerationResult
-from dspark.strategy import Strategy
+from dspark.strategy import Strategy, check_max_draft_tokens
 from dspark.types import SamplingConfig
 from dspark.validation import (
     check_drafter,
@@ -114,14 +114,17 @@ def wrap(
         max_draft_tokens = getattr(policy, "max_length", None)
     if max_draft_tokens is None:
         max_draft_tokens = getattr(drafter, "default_draft_tokens", DEFAULT_DRAFT_TOKENS)
-    if policy is None:
-        policy = FixedLength(max_draft_tokens) if isinstance(max_draft_tokens, int) and max_draft_tokens >= 0 else None
-    strategy_arguments = {"drafter": drafter, "policy": policy, "max_draft_tokens": max_draft_tokens, "confidence": confidence}
+    max_draft_tokens = check_max_draft_tokens(max_draft_tokens)
+    strategy_arguments = {
+        "drafter": drafter,
+        "policy": FixedLength(max_draft_tokens) if policy is None else policy,
+        "max_draft_tokens": max_draft_tokens,
+        "confidence": confidence,
+    }
     if cost_model is not None:
         strategy_arguments["cost_model"] = cost_model
-    if not isinstance(drafter, Drafter):
-        check_drafter(drafter, 0)
-    return SpeculativeModel(model, Strategy(**strategy_arguments))
+    strategy = Strategy(**strategy_arguments)
+    return SpeculativeModel(model, strategy)
 
 
 def generate(model: torch.nn.Module, input_ids: torch.Tensor, *, drafter: Drafter, attention_mask=None, **kwargs) -> GenerationResult:

@@ -7,7 +7,7 @@ import attrs
 from dspark.cost_models.constant import ConstantCostModel
 from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
 
-__all__ = ["Strategy"]
+__all__ = ["Strategy", "check_max_draft_tokens"]
 
 
 def _instance_of(protocol, optional: bool = False):
@@ -20,9 +20,15 @@ def _instance_of(protocol, optional: bool = False):
     return check
 
 
-def _draft_tokens(instance, attribute, value):
+def check_max_draft_tokens(value) -> int:
+    """Return ``value`` if it is a valid block width γ (an int >= 0), else raise naming max_draft_tokens."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"max_draft_tokens must be an int >= 0, got {value!r}")
+    return value
+
+
+def _draft_tokens(instance, attribute, value):
+    check_max_draft_tokens(value)
 
 
 @attrs.frozen
@@ -34,6 +40,11 @@ class Strategy:
     max_draft_tokens: int = attrs.field(validator=_draft_tokens)
     confidence: ConfidenceEstimator | None = attrs.field(default=None, validator=_instance_of(ConfidenceEstimator, optional=True))
     cost_model: CostModel = attrs.field(factory=ConstantCostModel, validator=_instance_of(CostModel))
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        """Indices into the target's ``hidden_states`` the drafter reads (empty: no features needed)."""
+        return tuple(getattr(self.drafter, "target_layers", ()))
 
     def __attrs_post_init__(self):
         if getattr(self.policy, "needs_survival", False) and self.confidence is None:

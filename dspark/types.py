@@ -40,6 +40,11 @@ class DraftContext:
     ``tokens[r, begin[r]:end[r]]`` is row r's context; its last token is the anchor, which the
     target has produced but not yet consumed. ``rows`` are the rows' indices in the caller's batch,
     ``step`` counts target forwards since the prompt (0 at the first proposal of a generation).
+
+    For drafters with ``target_layers``: ``features`` [R, T, m·d] are the target's hidden states of
+    those layers for the T tokens of its last forward (the prompt's prefill, then each verify step),
+    and ``feature_mask`` [R, T] marks the ones that were committed (the rest were padding or rejected).
+    Committed positions are, in order, the context tokens after those the drafter has already seen.
     """
 
     tokens: torch.Tensor
@@ -49,6 +54,8 @@ class DraftContext:
     step: int
     sampling: SamplingConfig
     generator: torch.Generator | None = None
+    features: torch.Tensor | None = None
+    feature_mask: torch.Tensor | None = None
 
     @property
     def anchors(self) -> torch.Tensor:

@@ -98,7 +98,7 @@ def eos_ids(eos_token_id, vocab_size: int) -> list[int]:
     """Normalize None / int / list of ints to a list of ids in the vocabulary."""
     if eos_token_id is None:
         return []
-    values = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else None
-    if values is None or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab_size for v in values):
+    values = [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+    if not isinstance(values, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab_size for v in values):
         raise ValueError(f"eos_token_id must be None, an int or a list of ints in [0, {vocab_size}), got {eos_token_id!r}")
-    return values
+    return list(values)

@@ -128,3 +128,32 @@ def test_single_token_prompts(llama):
     expected = llama.generate(input_ids, max_new_tokens=12, do_sample=False)
     result = dspark.generate(llama, input_ids, drafter=PromptLookupDrafter(), max_new_tokens=12)
     assert torch.equal(result.sequences, expected)
+
+
+class FeatureRecordingDrafter(PromptLookupDrafter):
+    """Prompt lookup that also collects the target features the loop hands over, per row."""
+
+    target_layers = (1, 2)
+
+    def propose(self, context, max_tokens):
+        if context.step == 0:
+            self.seen = {}
+        for index, row in enumerate(context.rows.tolist()):
+            committed = context.features[index][context.feature_mask[index].bool()]
+            self.seen[row] = torch.cat([self.seen.get(row, committed[:0]), committed])
+        return super().propose(context, max_tokens)
+
+
+def test_target_features_of_committed_tokens_match_a_clean_forward(llama):
+    """Drafters with target_layers get the hidden states of exactly the committed tokens, in order."""
+    input_ids, attention_mask = left_padded_batch([6, 11, 4], seed=2)
+    drafter = FeatureRecordingDrafter(max_ngram=2, min_ngram=1)
+    result = dspark.wrap(llama, drafter, max_draft_tokens=3).generate(input_ids, attention_mask=attention_mask, max_new_tokens=20, eos_token_id=[])
+    for row in range(3):
+        tokens = result.sequences[row][attention_mask[row].bool().tolist() + [True] * 20]
+        with torch.inference_mode():
+            hidden = llama(tokens[None], output_hidden_states=True).hidden_states
+        clean = torch.cat([hidden[1][0], hidden[2][0]], dim=-1)
+        seen = drafter.seen[row]
+        assert seen.shape[0] >= int(attention_mask[row].sum()) - 1 + 10
+        assert torch.allclose(seen, clean[: seen.shape[0]], atol=1e-4)

@@ -35,6 +35,13 @@ def test_wrap_defaults_verify_every_drafted_token(llama):
     assert strategy.policy == FixedLength(2) and strategy.confidence is None
 
 
+@pytest.mark.parametrize("value, error", [(-1, ValueError), (2.0, ValueError), (True, ValueError)])
+def test_wrap_refuses_bad_block_width(llama, value, error):
+    """max_draft_tokens must be an int >= 0, and the message names it."""
+    with pytest.raises(error, match="max_draft_tokens"):
+        dspark.wrap(llama, PromptLookupDrafter(), max_draft_tokens=value)
+
+
 def test_one_dimensional_prompt_is_a_batch_of_one(llama):
     """A 1-D input_ids is treated as one row, like HF generate."""
     prompt = torch.tensor([5, 6, 7, 5, 6])
