@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chi2
 
 import dspark
-from dspark.drafters import DraftModelDrafter, PromptLookupDrafter
+from dspark.drafters import DraftModelDrafter, PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature
 from dspark.types import Draft, SamplingConfig
 from dspark.verify import FixedLength, Threshold
 from dspark.verify.warping import warped_probs
@@ -63,13 +63,26 @@ def models():
     return build_model("llama", seed=0, vocab_size=VOCAB, initializer_range=0.5), build_model("llama", seed=11, vocab_size=VOCAB, initializer_range=0.5)
 
 
+def _semi_ar_drafter(target) -> SemiARDrafter:
+    config = SemiARConfig(target=TargetSignature.of(target), target_layers=(1, 2), block_size=2, num_heads=4, intermediate_size=32, rank=4)
+    torch.manual_seed(3)
+    drafter = SemiARDrafter(config, target)
+    with torch.no_grad():
+        drafter.transition_out.normal_(0, 1.0)
+    return drafter.eval()
+
+
 @pytest.mark.parametrize("warping", range(len(WARPINGS)))
-@pytest.mark.parametrize("drafter_kind", ["draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("drafter_kind", ["draft-model", "prompt-lookup", "semi-ar"])
 def test_sampled_tokens_follow_the_target_law(models, warping, drafter_kind):
     """The first two sampled tokens pass a G-test against the target's exact warped joint law."""
     target, draft_model = models
     sampling = WARPINGS[warping]
-    drafter = DraftModelDrafter(draft_model) if drafter_kind == "draft-model" else PromptLookupDrafter(max_ngram=2)
+    drafter = {
+        "draft-model": lambda: DraftModelDrafter(draft_model),
+        "prompt-lookup": lambda: PromptLookupDrafter(max_ngram=2),
+        "semi-ar": lambda: _semi_ar_drafter(target),
+    }[drafter_kind]()
     result = _sample(target, drafter, sampling, seed=warping, max_draft_tokens=2)
     assert result.stats.tau > 1.1, "drafts must be accepted often enough for the test to exercise acceptance"
     assert _g_test_p_value(result.sequences, _joint_law(target, sampling)) > SIGNIFICANCE
@@ -113,3 +126,23 @@ def test_plain_sampling_through_the_loop_is_lossless(models):
     target, _ = models
     result = _sample(target, PromptLookupDrafter(), WARPINGS[2], seed=9, policy=FixedLength(0))
     assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[2])) > SIGNIFICANCE
+
+
+@attrs.frozen
+class ConfidenceHead:
+    """The semi-AR drafter's confidence head, c_k = σ(wᵀ[h_k; W1[x_{k−1}]]): it never sees x_k."""
+
+    def survival(self, draft: Draft) -> torch.Tensor:
+        return draft.confidence
+
+
+def test_threshold_on_the_confidence_head_is_lossless(models):
+    """A threshold on c_k that depends on x_{k−1} only keeps the target law (invariant 3)."""
+    target, _ = models
+    drafter = _semi_ar_drafter(target)
+    with torch.no_grad():
+        drafter.confidence_head.weight.normal_(0, 2.0)
+    result = _sample(target, drafter, WARPINGS[0], seed=4, max_draft_tokens=2, policy=Threshold(0.5), confidence=ConfidenceHead())
+    lengths = torch.cat(result.stats.verify_lengths)
+    assert bool((lengths == 0).any()) and bool((lengths > 0).any()), "the threshold must both cut and admit drafts"
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE

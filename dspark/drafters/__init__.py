@@ -2,5 +2,6 @@
 
 from dspark.drafters.draft_model import DraftModelDrafter
 from dspark.drafters.prompt_lookup import PromptLookupDrafter, lookup_continuation
+from dspark.drafters.semi_ar import SemiARConfig, SemiARDrafter, TargetSignature
 
-__all__ = ["DraftModelDrafter", "PromptLookupDrafter", "lookup_continuation"]
+__all__ = ["DraftModelDrafter", "PromptLookupDrafter", "SemiARConfig", "SemiARDrafter", "TargetSignature", "lookup_continuation"]

@@ -1,0 +1,330 @@
+"""DSpark's semi-autoregressive drafter (paper §3.1 and §3.2.1).
+
+Notation: the target's hidden states of layers l_1..l_m at the committed context positions are
+concatenated and projected, H_ctx = RMSNorm(W_c [H(l_1); …; H(l_m)]) (eq. 2). A parallel backbone
+of a few draft layers reads the block [E(x_0), m, …, m] (the anchor x_0's embedding, then γ−1 mask
+embeddings), attends bidirectionally inside the block and to H_ctx injected as keys and values
+(eq. 3), and yields hidden states h_1..h_γ and base logits U_k = h_k · E_outᵀ over the draft
+vocabulary. A light sequential head adds a prefix-dependent bias B_k and samples left to right
+from p_k = softmax(U_k + B_k) (eq. 4):
+
+* ``markov``: B_k = W1[x_{k−1}] · W2 (eq. 5), with W1[x] = E(x) · A tied to the target's frozen
+  embedding (A ∈ R^{d×r}) and W2 ∈ R^{r×N};
+* ``rnn``: s_k = σ(g) ⊙ s_{k−1} + (1 − σ(g)) ⊙ tanh(c), B_k = W2ᵀ tanh(o), where g, c, o are one
+  linear map of z_k = [s_{k−1}; W1[x_{k−1}]; h_k] (eq. 6);
+* ``None``: B_k = 0, the parallel-only (DFlash-like) ablation.
+
+The confidence head gives c_k = σ(wᵀ [h_k; W1[x_{k−1}]]) (eq. 7): it sees x_{k−1}, never x_k, so a
+policy reading it stays non-anticipating. The embedding and LM head are the target's, shared and
+frozen; the draft vocabulary is the N most frequent target tokens (q = 0 outside it, which keeps
+rejection sampling exact).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from dspark.kv import RaggedCache
+from dspark.types import Draft, DraftContext, StepOutcome
+from dspark.verify.warping import warped_probs
+
+__all__ = ["SemiARConfig", "SemiARDrafter", "TargetSignature"]
+
+SEQUENTIAL_HEADS = ("markov", "rnn", None)
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def _positive(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
+@attrs.frozen
+class TargetSignature:
+    """What a drafter was trained for: the target's class, hidden size and vocabulary size."""
+
+    architecture: str
+    hidden_size: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, target: nn.Module) -> "TargetSignature":
+        """The signature of a Hugging Face causal LM."""
+        return cls(
+            architecture=type(target).__name__,
+            hidden_size=target.get_input_embeddings().weight.shape[1],
+            vocab_size=target.get_output_embeddings().weight.shape[0],
+        )
+
+
+@attrs.frozen
+class SemiARConfig:
+    """Shape of a semi-autoregressive drafter; saved as JSON beside its safetensors weights."""
+
+    target: TargetSignature
+    target_layers: tuple[int, ...] = attrs.field(converter=tuple)
+    block_size: int = attrs.field(default=7, validator=_positive)
+    num_layers: int = attrs.field(default=2, validator=_positive)
+    num_heads: int = attrs.field(default=4, validator=_positive)
+    intermediate_size: int = attrs.field(default=1024, validator=_positive)
+    sequential: str | None = attrs.field(default="markov")
+    rank: int = attrs.field(default=64, validator=_positive)
+    draft_vocab_size: int | None = None
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+    def __attrs_post_init__(self):
+        if self.sequential not in SEQUENTIAL_HEADS:
+            raise ValueError(f"sequential must be one of {SEQUENTIAL_HEADS}, got {self.sequential!r}")
+        if not self.target_layers:
+            raise ValueError(f"target_layers must name at least one target layer, got {self.target_layers!r}")
+        if self.target.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads must divide the target's hidden size {self.target.hidden_size}, got {self.num_heads!r}")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.target.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size must be None or in [1, {self.target.vocab_size}], got {self.draft_vocab_size!r}"
+            )
+
+    @property
+    def hidden_size(self) -> int:
+        """The draft layers' width: the target's, since embedding and LM head are shared."""
+        return self.target.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        """N, the number of tokens the drafter can propose."""
+        return self.draft_vocab_size or self.target.vocab_size
+
+    def to_json(self) -> str:
+        return json.dumps(attrs.asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SemiARConfig":
+        values = json.loads(text)
+        return cls(target=TargetSignature(**values.pop("target")), **values)
+
+
+@attrs.frozen
+class _SharedTargetParts:
+    """The target's frozen input embedding and LM head, referenced (not copied, not registered)."""
+
+    embedding: nn.Module
+    head_weight: torch.Tensor
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding of x [R, H, T, hd] at integer positions [R, T]."""
+    half = x.shape[-1] // 2
+    frequencies = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions[:, None, :, None].float() * frequencies
+    cos, sin = angles.cos(), angles.sin()
+    first, second = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)
+
+
+class _DraftLayer(nn.Module):
+    """Pre-norm attention (block queries; context and block keys/values) and a SwiGLU MLP."""
+
+    def __init__(self, config: SemiARConfig):
+        super().__init__()
+        size, self.heads, self.theta = config.hidden_size, config.num_heads, config.rope_theta
+        self.attention_norm = _RMSNorm(size, config.rms_norm_eps)
+        self.query = nn.Linear(size, size, bias=False)
+        self.key = nn.Linear(size, size, bias=False)
+        self.value = nn.Linear(size, size, bias=False)
+        self.output = nn.Linear(size, size, bias=False)
+        self.mlp_norm = _RMSNorm(size, config.rms_norm_eps)
+        self.gate = nn.Linear(size, config.intermediate_size, bias=False)
+        self.up = nn.Linear(size, config.intermediate_size, bias=False)
+        self.down = nn.Linear(config.intermediate_size, size, bias=False)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], x.shape[1], self.heads, -1).transpose(1, 2)
+
+    def context_keys_values(self, context: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of context features H_ctx [R, T, d] (eq. 3), [R, H, T, hd] each."""
+        return rotate(self._split(self.key(context)), positions, self.theta), self._split(self.value(context))
+
+    def forward(self, block, positions, context_keys, context_values, context_mask):
+        """block [R, γ, d] at ``positions`` [R, γ]; context K/V [R, H, S, hd] with live mask [R, S]."""
+        normed = self.attention_norm(block)
+        query = rotate(self._split(self.query(normed)), positions, self.theta)
+        keys = torch.cat([context_keys, rotate(self._split(self.key(normed)), positions, self.theta)], dim=2)
+        values = torch.cat([context_values, self._split(self.value(normed))], dim=2)
+        # The block sees all live context and itself, bidirectionally.
+        visible = torch.cat([context_mask.bool(), torch.ones(block.shape[:2], dtype=torch.bool, device=block.device)], dim=1)
+        attended = nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=visible[:, None, None, :])
+        block = block + self.output(attended.transpose(1, 2).reshape(block.shape))
+        normed = self.mlp_norm(block)
+        return block + self.down(nn.functional.silu(self.gate(normed)) * self.up(normed))
+
+
+class SemiARDrafter(nn.Module):
+    """The DSpark drafter: a parallel backbone on target features plus a sequential head and a
+    confidence head. Implements ``dspark.Drafter``; see the module docstring for the math."""
+
+    def __init__(self, config: SemiARConfig, target: nn.Module, draft_vocab: torch.Tensor | None = None):
+        super().__init__()
+        signature = TargetSignature.of(target)
+        if signature != config.target:
+            raise ValueError(f"target must match the drafter's {config.target}, got {signature}")
+        self.config = config
+        self.target_layers = config.target_layers
+        self.vocab_size = config.target.vocab_size
+        self.default_draft_tokens = config.block_size
+        size, rank = config.hidden_size, config.rank
+        self.shared = _SharedTargetParts(embedding=target.get_input_embeddings(), head_weight=target.get_output_embeddings().weight)
+        if draft_vocab is None:
+            draft_vocab = torch.arange(config.vocab_size)
+        if tuple(draft_vocab.shape) != (config.vocab_size,):
+            raise ValueError(f"draft_vocab must hold draft_vocab_size={config.vocab_size} token ids, got shape {tuple(draft_vocab.shape)}")
+        self.register_buffer("draft_vocab", draft_vocab.long().clone())
+        # The reduced LM head is derived from the frozen target head once; not saved with the drafter.
+        full_vocabulary = config.vocab_size == signature.vocab_size and torch.equal(self.draft_vocab, torch.arange(config.vocab_size))
+        self.register_buffer("draft_head", None if full_vocabulary else self.shared.head_weight.detach()[self.draft_vocab].clone(), persistent=False)
+        self.context_projection = nn.Linear(len(config.target_layers) * size, size, bias=False)
+        self.context_norm = _RMSNorm(size, config.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(size))
+        self.layers = nn.ModuleList(_DraftLayer(config) for _ in range(config.num_layers))
+        self.final_norm = _RMSNorm(size, config.rms_norm_eps)
+        # W1[x] = E(x)·A, tied to the frozen embedding; W2 maps rank r to draft-vocabulary logits.
+        self.transition_in = nn.Linear(size, rank, bias=False)
+        self.transition_out = nn.Parameter(torch.zeros(rank, config.vocab_size))
+        self.recurrent = nn.Linear(2 * rank + size, 3 * rank) if config.sequential == "rnn" else None
+        self.confidence_head = nn.Linear(size + rank, 1)
+        self._context: RaggedCache | None = None
+        self._rows: torch.Tensor | None = None
+
+    # -- parts of one proposal ---------------------------------------------------------------
+
+    def _head_weight(self) -> torch.Tensor:
+        return self.shared.head_weight if self.draft_head is None else self.draft_head
+
+    def previous_token_features(self, tokens: torch.Tensor) -> torch.Tensor:
+        """W1[x] = E(x)·A for target token ids ``tokens`` [...], [..., r]."""
+        return self.transition_in(self.shared.embedding(tokens).to(self.transition_in.weight.dtype))
+
+    def extend_context(self, features: torch.Tensor, feature_mask: torch.Tensor) -> None:
+        """Append the committed target features [R, T, m·d] to the per-layer context key/value cache."""
+        context = self.context_norm(self.context_projection(features.to(self.context_projection.weight.dtype)))
+        offsets = (feature_mask.long().cumsum(dim=1) - 1).clamp_min(0)
+        positions = self._context.lengths[:, None] + offsets
+        for index, layer in enumerate(self.layers):
+            keys, values = layer.context_keys_values(context, positions)
+            self._context.cache.update(keys, values, index)
+        self._context.commit(feature_mask)
+
+    def backbone(self, anchors: torch.Tensor, width: int) -> torch.Tensor:
+        """Hidden states h_1..h_width [R, width, d] of the block [E(anchor), mask, …]."""
+        rows = anchors.shape[0]
+        anchor = self.shared.embedding(anchors[:, None]).to(self.mask_embedding.dtype)
+        block = torch.cat([anchor, self.mask_embedding.expand(rows, width - 1, -1)], dim=1)
+        positions = self._context.lengths[:, None] + torch.arange(width, device=anchors.device)
+        layer_caches = list(self._context.cache) if self._context.slots else []
+        for index, layer in enumerate(self.layers):
+            if layer_caches:
+                context_keys, context_values, _ = layer_caches[index]
+            else:
+                empty = block.new_zeros((rows, layer.heads, 0, block.shape[-1] // layer.heads))
+                context_keys = context_values = empty
+            block = layer(block, positions, context_keys, context_values, self._context.live)
+        return self.final_norm(block)
+
+    def transition_bias(self, previous: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None):
+        """(B_k [R, N], next recurrent state, W1[x_{k−1}]) for the configured sequential head."""
+        previous_features = self.previous_token_features(previous)
+        if self.config.sequential is None:
+            return None, state, previous_features
+        if self.config.sequential == "markov":
+            return previous_features @ self.transition_out, state, previous_features
+        gate, candidate, output = self.recurrent(torch.cat([state, previous_features, hidden], dim=-1)).chunk(3, dim=-1)
+        keep = torch.sigmoid(gate)
+        state = keep * state + (1 - keep) * torch.tanh(candidate)
+        return torch.tanh(output) @ self.transition_out, state, previous_features
+
+    # -- Drafter protocol ----------------------------------------------------------------------
+
+    def _sync_rows(self, context: DraftContext) -> None:
+        if context.step == 0 or self._context is None:
+            self._context = RaggedCache(context.rows.numel(), context.tokens.device, hole_budget=self.config.block_size + 1)
+            self._rows = context.rows
+        elif not torch.equal(self._rows, context.rows):
+            self._context.compact(rows=torch.searchsorted(self._rows, context.rows))
+            self._rows = context.rows
+
+    @torch.inference_mode()
+    def propose(self, context: DraftContext, max_tokens: int) -> Draft:
+        """Draft ``max_tokens`` tokens per row from the committed target features and the anchor."""
+        self._sync_rows(context)
+        if context.features is not None and context.features.shape[1] > 0:
+            self.extend_context(context.features, context.feature_mask)
+        rows, device = context.rows.numel(), context.tokens.device
+        hidden = self.backbone(context.anchors, max(max_tokens, 1))
+        base_logits = (hidden @ self._head_weight().T.to(hidden.dtype)).float()
+        previous = context.anchors
+        state = hidden.new_zeros((rows, self.config.rank)) if self.config.sequential == "rnn" else None
+        tokens, probs, confidence = [], [], []
+        for k in range(max_tokens):
+            bias, state, previous_features = self.transition_bias(previous, hidden[:, k], state)
+            logits = base_logits[:, k] if bias is None else base_logits[:, k] + bias.float()
+            q = warped_probs(logits, context.sampling)
+            if context.sampling.do_sample:
+                choice = torch.multinomial(q, 1, generator=context.generator).squeeze(1)
+            else:
+                choice = q.argmax(dim=-1)
+            confidence.append(torch.sigmoid(self.confidence_head(torch.cat([hidden[:, k], previous_features], dim=-1))).squeeze(-1))
+            previous = self.draft_vocab[choice]
+            tokens.append(previous)
+            probs.append(torch.zeros((rows, self.vocab_size), device=device).index_copy_(1, self.draft_vocab, q))
+        if not tokens:
+            return Draft(tokens=torch.zeros((rows, 0), dtype=torch.long, device=device), lengths=torch.zeros(rows, dtype=torch.long, device=device))
+        return Draft(
+            tokens=torch.stack(tokens, dim=1),
+            lengths=torch.full((rows,), max_tokens, dtype=torch.long, device=device),
+            probs=torch.stack(probs, dim=1),
+            confidence=torch.stack(confidence, dim=1).float(),
+        )
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Nothing to roll back: the context cache only ever holds committed positions."""
+
+    # -- persistence ----------------------------------------------------------------------------
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (the drafter's own weights only)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / CONFIG_NAME).write_text(self.config.to_json())
+        save_file({name: tensor.detach().contiguous().cpu() for name, tensor in self.state_dict().items()}, str(path / WEIGHTS_NAME))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, target: nn.Module) -> "SemiARDrafter":
+        """Load a drafter saved by ``save_pretrained`` for ``target``; refuses a target it was not trained for."""
+        path = Path(path)
+        if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
+            raise ValueError(f"path must be a directory with {CONFIG_NAME} and {WEIGHTS_NAME}, got {str(path)!r}")
+        config = SemiARConfig.from_json((path / CONFIG_NAME).read_text())
+        weights = load_file(str(path / WEIGHTS_NAME))
+        drafter = cls(config, target, draft_vocab=weights["draft_vocab"])
+        drafter.load_state_dict(weights)
+        parameter = target.get_input_embeddings().weight
+        return drafter.to(device=parameter.device, dtype=parameter.dtype).eval()
+
