@@ -1,0 +1,345 @@
+"""Distilling a SemiARDrafter from its target (paper §3.3).
+
+1. ``training_prompts``: prompts from ``shared/data/train`` (never ``eval/``), split by a stable hash
+   into a training part and a held-out calibration part.
+2. ``regenerate``: the target answers every prompt itself (greedy and temperature-1 samples), so the
+   drafter learns the target's own output; appended to a JSONL file, resumable.
+3. ``distillation_loss``: L = α_ce·L_ce + α_tv·L_tv + α_conf·L_conf with position weights
+   w_k = exp(−(k−1)/γ) (eqs. 9–12), the confidence target c*_k = 1 − ½‖p_d − p_t‖₁ (eq. 8).
+4. ``train``: anchor blocks sampled from each regenerated sequence, target features and
+   distributions computed on the fly (the LM head only where a loss needs it), AdamW, periodic
+   safetensors checkpoints that a rerun resumes from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Iterator
+
+import attrs
+import torch
+from safetensors.torch import load_file, save_file
+
+from dspark.drafters.semi_ar import SemiARDrafter
+
+__all__ = [
+    "PromptRecord",
+    "TrainConfig",
+    "training_prompts",
+    "split_of",
+    "regenerate",
+    "read_sequences",
+    "sample_anchors",
+    "position_weights",
+    "distillation_loss",
+    "target_features",
+    "train",
+]
+
+TRAIN_SOURCES = {
+    "sharegpt_prompts.jsonl": lambda record: record["prompt"],
+    "alpaca_5k.jsonl": lambda record: (record["instruction"] + "\n" + record["input"]).strip(),
+    "code_alpaca_2k.jsonl": lambda record: (record["instruction"] + "\n" + record["input"]).strip(),
+    "gsm8k_train.jsonl": lambda record: record["question"],
+}
+
+
+@attrs.frozen
+class PromptRecord:
+    """One training prompt: a stable id (source and line) and its text."""
+
+    id: str
+    text: str
+
+
+def split_of(prompt_id: str, calibration_share: float = 0.05) -> str:
+    """'calibration' for a stable ``calibration_share`` of prompt ids, else 'train'."""
+    digest = int(hashlib.sha256(prompt_id.encode()).hexdigest()[:8], 16)
+    return "calibration" if digest / 0xFFFFFFFF < calibration_share else "train"
+
+
+def training_prompts(data_dir: str | Path, split: str = "train", limit: int | None = None, seed: int = 0) -> list[PromptRecord]:
+    """Prompts of every source in ``data_dir`` (a ``train/`` folder), interleaved source by source.
+
+    ``split`` is 'train' or 'calibration' (see ``split_of``); ``limit`` keeps the first prompts of a
+    seeded shuffle of each source, taken in turn so every source is represented.
+    """
+    data_dir = Path(data_dir)
+    if data_dir.name == "eval" or "eval" in data_dir.parts[-2:]:
+        raise ValueError(f"data_dir must be a training folder, never eval/: got {str(data_dir)!r}")
+    if split not in ("train", "calibration"):
+        raise ValueError(f"split must be 'train' or 'calibration', got {split!r}")
+    per_source = []
+    for name, text_of in TRAIN_SOURCES.items():
+        path = data_dir / name
+        if not path.is_file():
+            raise ValueError(f"data_dir {str(data_dir)!r} lacks {name}; expected the shared/data/train folder")
+        records = [
+            PromptRecord(id=f"{name}:{line_number}", text=text_of(json.loads(line)))
+            for line_number, line in enumerate(path.read_text().splitlines())
+            if line.strip()
+        ]
+        records = [record for record in records if record.text and split_of(record.id) == split]
+        random.Random(f"{seed}:{name}").shuffle(records)
+        per_source.append(records)
+    interleaved = [record for group in zip(*per_source) for record in group]
+    return interleaved[:limit] if limit is not None else interleaved
+
+
+def regenerate(
+    target,
+    tokenizer,
+    prompts: list[PromptRecord],
+    output: str | Path,
+    max_new_tokens: int = 256,
+    modes: tuple[str, ...] = ("greedy", "sample"),
+    batch_size: int = 8,
+    max_prompt_tokens: int = 512,
+    seed: int = 0,
+    progress=None,
+) -> Path:
+    """Append the target's own answers to ``output`` (JSONL: id, mode, prompt_ids, response_ids).
+
+    Prompts already in ``output`` for a mode are skipped, so an interrupted run resumes. 'sample'
+    draws at temperature 1 with no truncation. ``progress`` is an optional tqdm-like bar.
+    """
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    done = {(record["id"], record["mode"]) for record in read_sequences(output)} if output.exists() else set()
+    tokenizer.padding_side = "left"
+    for mode in modes:
+        if mode not in ("greedy", "sample"):
+            raise ValueError(f"modes must hold 'greedy' and/or 'sample', got {mode!r}")
+        pending = [prompt for prompt in prompts if (prompt.id, mode) not in done]
+        for start in range(0, len(pending), batch_size):
+            batch = pending[start : start + batch_size]
+            texts = [tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=False) for p in batch]
+            encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_tokens, add_special_tokens=False)
+            torch.manual_seed(seed + start)
+            sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if mode == "sample" else {"do_sample": False}
+            with torch.inference_mode():
+                sequences = target.generate(**encoded, max_new_tokens=max_new_tokens, **sampling)
+            with output.open("a") as handle:
+                for row, prompt in enumerate(batch):
+                    prompt_ids = encoded["input_ids"][row][encoded["attention_mask"][row].bool()].tolist()
+                    response = sequences[row, encoded["input_ids"].shape[1] :].tolist()
+                    response = _until_eos(response, target.generation_config.eos_token_id)
+                    handle.write(json.dumps({"id": prompt.id, "mode": mode, "prompt_ids": prompt_ids, "response_ids": response}) + "\n")
+            if progress is not None:
+                progress.update(len(batch))
+    return output
+
+
+def _until_eos(tokens: list[int], eos) -> list[int]:
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
+    for index, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[: index + 1]
+    return tokens
+
+
+def read_sequences(path: str | Path) -> list[dict]:
+    """The records of a regenerated JSONL file (a torn last line from an interruption is skipped)."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def sample_anchors(prompt_length: int, length: int, block_size: int, count: int, generator: torch.Generator) -> torch.Tensor | None:
+    """Up to ``count`` distinct anchor positions a ∈ [prompt_length − 1, length − 1 − γ] (None if none fit)."""
+    low, high = prompt_length - 1, length - 1 - block_size
+    if high < low:
+        return None
+    candidates = torch.arange(low, high + 1)
+    chosen = torch.randperm(candidates.numel(), generator=generator)[:count]
+    return candidates[chosen].sort().values
+
+
+def position_weights(block_size: int) -> torch.Tensor:
+    """w_k = exp(−(k−1)/γ) for k = 1..γ."""
+    return torch.exp(-torch.arange(block_size, dtype=torch.float32) / block_size)
+
+
+def distillation_loss(
+    draft_logits: torch.Tensor,
+    confidence: torch.Tensor,
+    target_probs: torch.Tensor,
+    target_tokens: torch.Tensor,
+    draft_vocab: torch.Tensor,
+    weights: tuple[float, float, float] = (0.1, 0.9, 1.0),
+) -> tuple[torch.Tensor, dict]:
+    """α_ce·L_ce + α_tv·L_tv + α_conf·L_conf (eqs. 9–12), averaged over blocks.
+
+    ``draft_logits`` [..., γ, N] over the draft vocabulary ``draft_vocab`` [N]; ``confidence`` [..., γ];
+    ``target_probs`` [..., γ, V] the target's distributions p_t; ``target_tokens`` [..., γ] the tokens
+    x*_k it produced. Tokens outside the draft vocabulary have draft probability 0: they count fully
+    in ‖p_d − p_t‖₁ and are skipped by the cross-entropy.
+    """
+    block_size = draft_logits.shape[-2]
+    w = position_weights(block_size).to(draft_logits.device)
+    draft_log_probs = draft_logits.float().log_softmax(dim=-1)
+    draft_probs = draft_log_probs.exp()
+    target_in_vocab = target_probs.float().gather(-1, draft_vocab.expand(*target_probs.shape[:-1], -1))
+    l1 = (draft_probs - target_in_vocab).abs().sum(dim=-1) + (1.0 - target_in_vocab.sum(dim=-1)).clamp_min(0.0)
+    acceptance = (1.0 - 0.5 * l1).clamp(0.0, 1.0).detach()
+    vocab_index = torch.full((target_probs.shape[-1],), -1, dtype=torch.long, device=draft_logits.device)
+    vocab_index[draft_vocab] = torch.arange(draft_vocab.numel(), device=draft_logits.device)
+    index = vocab_index[target_tokens]
+    in_vocab = index >= 0
+    cross_entropy = -draft_log_probs.gather(-1, index.clamp_min(0)[..., None]).squeeze(-1) * in_vocab
+    confidence_bce = torch.nn.functional.binary_cross_entropy(confidence.float().clamp(1e-6, 1 - 1e-6), acceptance, reduction="none")
+    terms = {
+        "ce": (cross_entropy * w).sum(dim=-1).mean(),
+        "tv": (l1 * w).sum(dim=-1).mean(),
+        "conf": (confidence_bce * w).sum(dim=-1).mean(),
+    }
+    loss = weights[0] * terms["ce"] + weights[1] * terms["tv"] + weights[2] * terms["conf"]
+    summary = {name: float(value.detach()) for name, value in terms.items()}
+    summary["acceptance"] = float(acceptance.mean())
+    return loss, summary
+
+
+@torch.no_grad()
+def target_features(target, tokens: torch.Tensor, layers: tuple[int, ...], positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's hidden states of ``layers`` at every position of ``tokens`` [1, L], concatenated,
+    and its next-token distributions at ``positions`` only (the LM head runs nowhere else)."""
+    outputs = target(input_ids=tokens, output_hidden_states=True, logits_to_keep=positions)
+    features = torch.cat([outputs.hidden_states[layer] for layer in layers], dim=-1)
+    return features.float(), outputs.logits.float().softmax(dim=-1)
+
+
+@attrs.frozen
+class TrainConfig:
+    """Optimisation settings of ``train``."""
+
+    steps: int = 1000
+    learning_rate: float = 3e-4
+    warmup_steps: int = 50
+    sequences_per_step: int = 4
+    anchors_per_sequence: int = 16
+    max_sequence_tokens: int = 768
+    weight_decay: float = 0.0
+    gradient_clip: float = 1.0
+    checkpoint_every: int = 100
+    log_every_seconds: float = 60.0
+    seed: int = 0
+
+
+def _sequences_forever(records: list[dict], seed: int) -> Iterator[dict]:
+    rng = random.Random(seed)
+    while True:
+        order = list(range(len(records)))
+        rng.shuffle(order)
+        yield from (records[index] for index in order)
+
+
+def _learning_rate(config: TrainConfig, step: int) -> float:
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.learning_rate * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def _save_checkpoint(drafter: SemiARDrafter, optimizer: torch.optim.Optimizer, step: int, directory: Path) -> None:
+    """Drafter weights via save_pretrained, optimizer moments as safetensors, the step as JSON."""
+    staging = directory.with_name(directory.name + ".partial")
+    drafter.save_pretrained(staging)
+    names = [name for name, parameter in drafter.named_parameters() if parameter.requires_grad]
+    state = {}
+    for name, parameter in zip(names, (p for p in drafter.parameters() if p.requires_grad)):
+        for key, value in optimizer.state.get(parameter, {}).items():
+            if torch.is_tensor(value):
+                state[f"{name}.{key}"] = value.detach().contiguous().cpu()
+    save_file(state, str(staging / "optimizer.safetensors"))
+    (staging / "trainer_state.json").write_text(json.dumps({"step": step}))
+    if directory.exists():
+        for file in directory.iterdir():
+            file.unlink()
+        directory.rmdir()
+    staging.rename(directory)
+
+
+def _load_checkpoint(drafter: SemiARDrafter, optimizer: torch.optim.Optimizer, directory: Path) -> int:
+    drafter.load_state_dict(load_file(str(directory / "model.safetensors")))
+    state = load_file(str(directory / "optimizer.safetensors"))
+    for name, parameter in drafter.named_parameters():
+        moments = {key.rsplit(".", 1)[1]: value for key, value in state.items() if key.rsplit(".", 1)[0] == name}
+        if moments:
+            optimizer.state[parameter] = moments
+    return json.loads((directory / "trainer_state.json").read_text())["step"]
+
+
+def train(
+    drafter: SemiARDrafter,
+    target,
+    records: list[dict],
+    config: TrainConfig,
+    checkpoint_dir: str | Path | None = None,
+    progress=None,
+    log=print,
+) -> list[dict]:
+    """Distil ``drafter`` from ``target`` on regenerated ``records``; returns one log entry per step.
+
+    Resumes from ``checkpoint_dir`` when it holds a checkpoint, and writes one every
+    ``config.checkpoint_every`` steps and at the end. ``progress`` is an optional tqdm-like bar.
+    """
+    if not records:
+        raise ValueError("records must hold at least one regenerated sequence, got none")
+    generator = torch.Generator().manual_seed(config.seed)
+    trainable = [parameter for parameter in drafter.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+    checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+    start = 0
+    if checkpoint_dir is not None and (checkpoint_dir / "trainer_state.json").is_file():
+        start = _load_checkpoint(drafter, optimizer, checkpoint_dir)
+        log(f"resumed from step {start} in {checkpoint_dir}")
+    sequences = _sequences_forever(records, config.seed + start)
+    history, last_log = [], time.monotonic()
+    drafter.train()
+    for step in range(start, config.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(config, step)
+        optimizer.zero_grad(set_to_none=True)
+        step_terms, used = [], 0
+        while used < config.sequences_per_step:
+            record = next(sequences)
+            tokens = torch.tensor(record["prompt_ids"] + record["response_ids"])[: config.max_sequence_tokens]
+            anchors = sample_anchors(len(record["prompt_ids"]), tokens.numel(), drafter.config.block_size, config.anchors_per_sequence, generator)
+            if anchors is None:
+                continue
+            used += 1
+            block = anchors[:, None] + torch.arange(drafter.config.block_size)
+            needed = block.flatten().unique()
+            features, probs = target_features(target, tokens[None], drafter.target_layers, needed)
+            # Distribution of the k-th draft token: the target's prediction after position a + k − 1.
+            target_probs = probs[0][torch.searchsorted(needed, block)]
+            target_tokens = tokens[block + 1]
+            logits, confidence = drafter.training_outputs(features, tokens[None], anchors[None])
+            loss, terms = distillation_loss(logits[0], confidence[0], target_probs, target_tokens, drafter.draft_vocab)
+            (loss / config.sequences_per_step).backward()
+            step_terms.append(terms | {"loss": float(loss.detach())})
+        torch.nn.utils.clip_grad_norm_(trainable, config.gradient_clip)
+        optimizer.step()
+        entry = {"step": step + 1, "lr": _learning_rate(config, step)} | {
+            key: sum(t[key] for t in step_terms) / len(step_terms) for key in step_terms[0]
+        }
+        history.append(entry)
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{entry['acceptance']:.3f}")
+        if time.monotonic() - last_log >= config.log_every_seconds:
+            log(json.dumps(entry))
+            last_log = time.monotonic()
+        if checkpoint_dir is not None and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+            _save_checkpoint(drafter, optimizer, step + 1, checkpoint_dir)
+    drafter.eval()
+    return history
