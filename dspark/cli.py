@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import time
+from pathlib import Path
 
 import torch
+from tqdm import tqdm
 from transformers import TextStreamer
 from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained
+from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature, distill
 
 __all__ = ["main"]
 
@@ -28,6 +32,26 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--temperature", type=float, default=1.0)
     generate.add_argument("--top-p", type=float, default=None)
     generate.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    train = commands.add_parser("train", help="distil a semi-autoregressive DSpark drafter from the model (resumable)")
+    train.add_argument("--output", required=True, help="directory for the trained drafter (safetensors + config.json)")
+    train.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
+    train.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data" / "train"))
+    train.add_argument("--work-dir", default=None, help="regenerated data and checkpoints (default: <cache>/distill/<model>)")
+    train.add_argument("--prompts", type=int, default=800, help="training prompts to regenerate answers for")
+    train.add_argument("--max-new-tokens", type=int, default=256)
+    train.add_argument("--modes", default="greedy,sample", help="answers to regenerate: greedy and/or sample (temperature 1)")
+    train.add_argument("--generate-batch-size", type=int, default=8)
+    train.add_argument("--regenerate-only", action="store_true", help="stop after regenerating the data")
+    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--learning-rate", type=float, default=3e-4)
+    train.add_argument("--block-size", type=int, default=7, help="γ")
+    train.add_argument("--sequential", default="markov", choices=["markov", "rnn", "none"])
+    train.add_argument("--layers", type=int, default=2)
+    train.add_argument("--intermediate-size", type=int, default=1024)
+    train.add_argument("--rank", type=int, default=64)
+    train.add_argument("--draft-vocab-size", type=int, default=8192)
+    train.add_argument("--target-layers", default=None, help="comma-separated hidden-state indices (default: 3 evenly spaced)")
+    train.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -90,6 +114,39 @@ def _generate(args) -> None:
         print(f"greedy outputs identical: {tokens == hf_tokens}")
 
 
+def _train(args) -> None:
+    bundle = pretrained.load(args.model)
+    target, signature = bundle.target, TargetSignature.of(bundle.target)
+    work_dir = Path(args.work_dir) if args.work_dir else pretrained.default_cache_dir() / "distill" / args.model
+    prompts = distill.training_prompts(args.data_dir, "train", limit=args.prompts, seed=args.seed)
+    modes = tuple(mode for mode in args.modes.split(",") if mode)
+    with tqdm(total=len(prompts) * len(modes), desc="regenerating answers", unit="prompt") as bar:
+        data = distill.regenerate(
+            target, bundle.tokenizer, prompts, work_dir / "data.jsonl", max_new_tokens=args.max_new_tokens, modes=modes,
+            batch_size=args.generate_batch_size, seed=args.seed, progress=bar,
+        )
+    records = distill.read_sequences(data)
+    print(f"{len(records)} regenerated sequences, {sum(len(r['response_ids']) for r in records)} response tokens in {data}")
+    if args.regenerate_only:
+        return
+    layers = tuple(int(v) for v in args.target_layers.split(",")) if args.target_layers else distill.default_target_layers(target.config.num_hidden_layers)
+    config = SemiARConfig(
+        target=signature, target_layers=layers, block_size=args.block_size, num_layers=args.layers,
+        num_heads=target.config.num_attention_heads, intermediate_size=args.intermediate_size,
+        sequential=None if args.sequential == "none" else args.sequential, rank=args.rank, draft_vocab_size=args.draft_vocab_size,
+    )
+    torch.manual_seed(args.seed)
+    drafter = SemiARDrafter(config, target, draft_vocab=distill.frequent_tokens(records, args.draft_vocab_size, signature.vocab_size))
+    train_config = distill.TrainConfig(steps=args.steps, learning_rate=args.learning_rate, seed=args.seed)
+    started = time.perf_counter()
+    with tqdm(total=args.steps, desc="training drafter", unit="step") as bar:
+        # One checkpoint folder per drafter shape, so a changed configuration never resumes a mismatched run.
+        checkpoint = work_dir / f"checkpoint-{hashlib.sha256(config.to_json().encode()).hexdigest()[:10]}"
+        history = distill.train(drafter, target, records, train_config, checkpoint_dir=checkpoint, progress=bar, log=tqdm.write)
+    drafter.save_pretrained(args.output, dtype=torch.float16)
+    print(f"saved to {args.output} after {time.perf_counter() - started:.0f} s; last step: {history[-1] if history else 'resumed at the end'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``dspark`` console script."""
     parser = _parser()
@@ -100,3 +157,5 @@ def main(argv: list[str] | None = None) -> None:
     transformers_logging.disable_progress_bar()
     if args.command == "generate":
         _generate(args)
+    elif args.command == "train":
+        _train(args)

@@ -14,7 +14,9 @@ from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature
 from dspark.drafters.distill import (
     PromptRecord,
     TrainConfig,
+    default_target_layers,
     distillation_loss,
+    frequent_tokens,
     position_weights,
     read_sequences,
     regenerate,
@@ -162,3 +164,29 @@ def test_regenerate_writes_the_targets_answers_and_resumes(tmp_path):
     assert greedy["response_ids"] == expected[: len(greedy["response_ids"])]
     regenerate(target, _word_tokenizer(), prompts, output, max_new_tokens=6, batch_size=2)
     assert len(read_sequences(output)) == len(records)
+
+
+def test_frequent_tokens_are_the_most_common_response_tokens():
+    """The draft vocabulary holds the most frequent response tokens, sorted by id."""
+    records = [{"prompt_ids": [9, 9, 9], "response_ids": [5, 5, 5, 7, 7, 2]}, {"prompt_ids": [], "response_ids": [7, 1]}]
+    assert frequent_tokens(records, 2, 10).tolist() == [5, 7]
+    with pytest.raises(ValueError, match="size"):
+        frequent_tokens(records, 0, 10)
+
+
+def test_default_target_layers_are_spread_over_the_model():
+    """Three hidden-state indices from the first layer to the last but one."""
+    assert default_target_layers(30) == (1, 15, 29)
+    assert default_target_layers(2) == (1,)
+
+
+def test_fp16_checkpoint_round_trip(tmp_path, llama):
+    """save_pretrained(dtype=float16) halves the file and loads back into a float32 drafter."""
+    drafter = _drafter(llama)
+    drafter.save_pretrained(tmp_path / "fp32")
+    drafter.save_pretrained(tmp_path / "fp16", dtype=torch.float16)
+    size = lambda name: (tmp_path / name / "model.safetensors").stat().st_size
+    assert size("fp16") < 0.6 * size("fp32")
+    loaded = SemiARDrafter.from_pretrained(tmp_path / "fp16", target=llama)
+    assert loaded.transition_in.weight.dtype == torch.float32
+    assert torch.allclose(loaded.transition_in.weight, drafter.transition_in.weight, atol=1e-3)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import dspark
-from dspark import cli, pretrained
+from dspark import pretrained
 from dspark.drafters import PromptLookupDrafter
 
 pytestmark = pytest.mark.integration
@@ -49,10 +49,3 @@ def test_unknown_model_name_is_refused():
     with pytest.raises(ValueError, match="smollm2-135m-instruct"):
         pretrained.load("gpt-17")
 
-
-def test_cli_generate_streams_and_compares(bundle, capsys):
-    """`dspark generate --compare` streams an answer and reports speed, τ and identical outputs."""
-    cli.main(["generate", "Say hello.", "--max-new-tokens", "12", "--compare"])
-    output = capsys.readouterr().out
-    assert "tokens/s" in output and "τ" in output and "speedup" in output
-    assert "greedy outputs identical: True" in output

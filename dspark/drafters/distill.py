@@ -35,6 +35,8 @@ __all__ = [
     "regenerate",
     "read_sequences",
     "sample_anchors",
+    "frequent_tokens",
+    "default_target_layers",
     "position_weights",
     "distillation_loss",
     "target_features",
@@ -115,7 +117,8 @@ def regenerate(
     for mode in modes:
         if mode not in ("greedy", "sample"):
             raise ValueError(f"modes must hold 'greedy' and/or 'sample', got {mode!r}")
-        pending = [prompt for prompt in prompts if (prompt.id, mode) not in done]
+        # Similar lengths in one batch waste less compute on padding.
+        pending = sorted((prompt for prompt in prompts if (prompt.id, mode) not in done), key=lambda prompt: len(prompt.text))
         for start in range(0, len(pending), batch_size):
             batch = pending[start : start + batch_size]
             texts = [tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=False) for p in batch]
@@ -152,6 +155,27 @@ def read_sequences(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+def frequent_tokens(records: list[dict], size: int, vocab_size: int) -> torch.Tensor:
+    """The ``size`` token ids most frequent in the regenerated responses (ties: lower id first), sorted.
+
+    This is the reduced draft vocabulary (FR-Spec style): the drafter proposes only these tokens.
+    """
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"size must be in [1, {vocab_size}], got {size!r}")
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for record in records:
+        counts += torch.bincount(torch.tensor(record["response_ids"], dtype=torch.long), minlength=vocab_size)
+    order = torch.argsort(-counts, stable=True)
+    return order[:size].sort().values
+
+
+def default_target_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:
+    """``count`` evenly spaced indices into the target's hidden states, from its first layer to its last but one."""
+    if num_layers < 2:
+        return (num_layers,)
+    return tuple(sorted({round(1 + index * (num_layers - 2) / max(count - 1, 1)) for index in range(count)}))
 
 
 def sample_anchors(prompt_length: int, length: int, block_size: int, count: int, generator: torch.Generator) -> torch.Tensor | None:

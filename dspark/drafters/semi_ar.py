@@ -353,12 +353,17 @@ class SemiARDrafter(nn.Module):
 
     # -- persistence ----------------------------------------------------------------------------
 
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write ``config.json`` and ``model.safetensors`` (the drafter's own weights only)."""
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (the drafter's own weights only), floating
+        tensors cast to ``dtype`` when given (e.g. torch.float16 to ship a small file)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         (path / CONFIG_NAME).write_text(self.config.to_json())
-        save_file({name: tensor.detach().contiguous().cpu() for name, tensor in self.state_dict().items()}, str(path / WEIGHTS_NAME))
+        weights = {
+            name: (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor).detach().contiguous().cpu()
+            for name, tensor in self.state_dict().items()
+        }
+        save_file(weights, str(path / WEIGHTS_NAME))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: nn.Module) -> "SemiARDrafter":

@@ -1,0 +1,32 @@
+"""The dspark command line (dspark/cli.py) on the embedded SmolLM2."""
+
+import json
+
+import pytest
+
+from dspark import cli
+from dspark.drafters import SemiARDrafter
+from dspark.pretrained import load
+
+pytestmark = pytest.mark.integration
+
+
+def test_generate_streams_and_compares(capsys):
+    """`dspark generate --compare` streams an answer and reports speed, τ and identical outputs."""
+    cli.main(["generate", "Say hello.", "--max-new-tokens", "12", "--compare"])
+    output = capsys.readouterr().out
+    assert "tokens/s" in output and "τ" in output and "speedup" in output
+    assert "greedy outputs identical: True" in output
+
+
+def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
+    """`dspark train` regenerates answers, trains a few steps and saves an fp16 drafter that loads for the target."""
+    arguments = ["train", "--output", str(tmp_path / "drafter"), "--work-dir", str(tmp_path / "work"), "--prompts", "4", "--max-new-tokens", "24",
+                 "--modes", "greedy", "--steps", "2", "--draft-vocab-size", "512", "--intermediate-size", "64", "--block-size", "3"]
+    cli.main(arguments)
+    records = [json.loads(line) for line in (tmp_path / "work" / "data.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(record["mode"] == "greedy" and record["response_ids"] for record in records)
+    config = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    assert config["draft_vocab_size"] == 512 and config["block_size"] == 3
+    drafter = SemiARDrafter.from_pretrained(tmp_path / "drafter", target=load().target)
+    assert drafter.draft_vocab.numel() == 512
