@@ -107,8 +107,9 @@ def regenerate(
 ) -> Path:
     """Append the target's own answers to ``output`` (JSONL: id, mode, prompt_ids, response_ids).
 
-    Prompts already in ``output`` for a mode are skipped, so an interrupted run resumes. 'sample'
-    draws at temperature 1 with no truncation. ``progress`` is an optional tqdm-like bar.
+    Prompts already in ``output`` for a mode are skipped, so an interrupted run resumes; prompts longer
+    than ``max_prompt_tokens`` after the chat template are skipped too. 'sample' draws at temperature 1
+    with no truncation. ``progress`` is an optional tqdm-like bar.
     """
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -117,12 +118,18 @@ def regenerate(
     for mode in modes:
         if mode not in ("greedy", "sample"):
             raise ValueError(f"modes must hold 'greedy' and/or 'sample', got {mode!r}")
-        # Similar lengths in one batch waste less compute on padding.
-        pending = sorted((prompt for prompt in prompts if (prompt.id, mode) not in done), key=lambda prompt: len(prompt.text))
+        pending = [prompt for prompt in prompts if (prompt.id, mode) not in done]
+        texts = {
+            prompt.id: tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=False)
+            for prompt in pending
+        }
+        lengths = {key: len(tokenizer(text, add_special_tokens=False)["input_ids"]) for key, text in texts.items()}
+        # Prompts over the limit are skipped, not truncated (a cut chat template loses its generation prompt);
+        # similar lengths share a batch so little compute goes to padding.
+        pending = sorted((p for p in pending if lengths[p.id] <= max_prompt_tokens), key=lambda p: lengths[p.id])
         for start in range(0, len(pending), batch_size):
             batch = pending[start : start + batch_size]
-            texts = [tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=False) for p in batch]
-            encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_tokens, add_special_tokens=False)
+            encoded = tokenizer([texts[p.id] for p in batch], return_tensors="pt", padding=True, add_special_tokens=False)
             torch.manual_seed(seed + start)
             sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if mode == "sample" else {"do_sample": False}
             with torch.inference_mode():
