@@ -55,10 +55,6 @@ def _target_forward(
     return outputs.logits[:, -keep:].float().to(tokens.device), features
 
 
-def _empty_draft(rows: int, device: torch.device) -> Draft:
-    return Draft(tokens=torch.zeros((rows, 0), dtype=torch.long, device=device), lengths=torch.zeros(rows, dtype=torch.long, device=device))
-
-
 def _emitted_block(draft_tokens: torch.Tensor, accepted: torch.Tensor, next_tokens: torch.Tensor, width: int) -> torch.Tensor:
     """[x_1..x_n, next, ...] per row, LongTensor[R, width]; entries past n are meaningless."""
     block = torch.cat([draft_tokens[:, : width - 1], next_tokens[:, None]], dim=1)
@@ -73,6 +69,33 @@ def _cut(block: torch.Tensor, count: torch.Tensor, budget: torch.Tensor, eos: to
     first_eos = torch.where(is_eos.any(dim=1), is_eos.long().argmax(dim=1) + 1, count)
     count = torch.minimum(first_eos, budget)
     return count, is_eos.any(dim=1) | (count == budget)
+
+
+def _schedule(strategy: Strategy, draft: Draft, rows: int, max_tokens: int, budget: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Steps 2 and 3: survival c[r, k] (None without an estimator) and verify lengths ℓ_r ≤ what each row may emit."""
+    if draft.tokens.shape[0] != rows or draft.num_tokens > max_tokens:
+        raise ValueError(
+            f"{type(strategy.drafter).__name__}.propose must return at most {max_tokens} tokens for each of {rows} rows, "
+            f"got tokens of shape {tuple(draft.tokens.shape)}"
+        )
+    if draft.num_tokens == 0:
+        return None, torch.zeros_like(budget)
+    survival = strategy.confidence.survival(draft) if strategy.confidence is not None else None
+    limits = torch.minimum(draft.lengths.clamp(0, draft.num_tokens), budget - 1)
+    verify_lengths = strategy.policy.lengths(survival, strategy.cost_model, limits)
+    return survival, torch.minimum(verify_lengths.long().clamp_min(0), limits)
+
+
+def _accept(spec: LoopSpec, draft: Draft, logits: torch.Tensor, verify_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 5: the acceptance rule over the verified prefix; returns (accepted n, next token)."""
+    draft_tokens = draft.tokens[:, : logits.shape[1] - 1]
+    if not spec.sampling.do_sample:
+        return greedy_accept(draft_tokens, logits, verify_lengths)
+    draft_probs = None if draft.probs is None else draft.probs[:, : draft_tokens.shape[1]]
+    if draft_probs is not None and draft_probs.shape[-1] != logits.shape[-1]:
+        raise ValueError(f"Draft.probs must cover the target's {logits.shape[-1]} tokens, got {draft_probs.shape[-1]}")
+    target_probs = warped_probs(logits, spec.sampling)
+    return rejection_sample(draft_tokens, draft_probs, target_probs, verify_lengths, spec.generator)
 
 
 def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> GenerationResult:
@@ -109,14 +132,9 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
             tokens=sequences[rows], begin=begin[rows], end=end[rows], rows=rows, step=step,
             sampling=spec.sampling, generator=spec.generator, features=features, feature_mask=feature_mask,
         )
-        draft = strategy.drafter.propose(context, max_tokens) if max_tokens > 0 else _empty_draft(rows.numel(), device)
+        draft = strategy.drafter.propose(context, max_tokens) if max_tokens > 0 else Draft.empty(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
-        survival, verify_lengths = None, torch.zeros_like(budget)
-        if draft.num_tokens > 0:
-            survival = strategy.confidence.survival(draft) if strategy.confidence is not None else None
-            limits = torch.minimum(draft.lengths.clamp(0, draft.num_tokens), budget - 1)
-            verify_lengths = strategy.policy.lengths(survival, strategy.cost_model, limits)
-            verify_lengths = torch.minimum(verify_lengths.long().clamp_min(0), limits)
+        survival, verify_lengths = _schedule(strategy, draft, rows.numel(), max(max_tokens, 0), budget)
         drafted = time.perf_counter()
 
         # 4. One target forward over [anchor, x_1..x_ℓ] for every row.
@@ -126,12 +144,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         logits, features = _target_forward(spec, tokens, cache, positions < 1 + verify_lengths[:, None], keep=width)
 
         # 5. Acceptance rule.
-        if spec.sampling.do_sample:
-            draft_probs = None if draft.probs is None else draft.probs[:, : width - 1]
-            target_probs = warped_probs(logits, spec.sampling)
-            accepted, next_tokens = rejection_sample(draft.tokens[:, : width - 1], draft_probs, target_probs, verify_lengths, spec.generator)
-        else:
-            accepted, next_tokens = greedy_accept(draft.tokens[:, : width - 1], logits, verify_lengths)
+        accepted, next_tokens = _accept(spec, draft, logits, verify_lengths)
 
         # 6. Keep the anchor and accepted slots; write the emitted tokens.
         feature_mask = (positions < 1 + accepted[:, None]).long()

@@ -13,6 +13,8 @@ from dspark.types import SamplingConfig
 from dspark.validation import (
     check_drafter,
     check_forward_signature,
+    check_generation_config,
+    check_generator,
     check_max_new_tokens,
     check_prompt,
     context_length,
@@ -60,13 +62,15 @@ class SpeculativeModel:
         sampled output follows the target's warped distribution exactly.
 
         ``eos_token_id`` and ``pad_token_id`` default to the model's generation config (pass ``[]`` for no EOS).
+        Sampling settings are exactly the arguments given: unlike HF ``generate``, the generation config's
+        temperature/top-k/top-p defaults are not applied (``top_k=None`` means no top-k). Generation-config
+        settings that would change the decoded tokens (repetition penalty, banned words, …) are refused.
         ``generator`` makes sampling reproducible. ``streamer`` (any transformers streamer) needs batch size 1.
         """
         input_ids, attention_mask = check_prompt(input_ids, attention_mask, self.vocab_size)
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        check_generator(generator, input_ids.device)
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"streamer needs batch size 1, got input_ids of batch size {input_ids.shape[0]}")
         prompt_length = input_ids.shape[1]
@@ -81,6 +85,7 @@ class SpeculativeModel:
             )
         check_cache_support(self.model.config, max_slots)
         config = self.model.generation_config
+        check_generation_config(config)
         eos = eos_ids(config.eos_token_id if eos_token_id is None else eos_token_id, self.vocab_size)
         if pad_token_id is None:
             pad_token_id = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)

@@ -16,9 +16,11 @@ class StepRecord:
 
     ``rows``: the active rows' indices in the batch; ``verify_lengths``: ℓ_r; ``accepted``: n_r;
     ``emitted``: tokens appended to each row (n_r + 1, fewer when EOS or max_new_tokens cut the step);
-    ``survival``: c_k for the verified positions (FloatTensor[R, γ]) or None without an estimator;
-    ``draft_seconds`` / ``verify_seconds``: wall-clock time of proposing (with estimating and scheduling)
-    and of the target forward with the acceptance rule; ``cache_slots``: the target cache's length after the step.
+    ``survival``: c_k for every drafted position (FloatTensor[R, γ]) or None without an estimator;
+    ``draft_seconds`` / ``verify_seconds``: host wall-clock time of proposing (with estimating and scheduling)
+    and of the target forward with the acceptance rule (on an accelerator, asynchronous work may be
+    counted in the later of the two); ``cache_slots``: the target cache's length after this step's
+    tokens were committed, before finished rows leave the batch.
     """
 
     rows: torch.Tensor
@@ -35,7 +37,8 @@ class StepRecord:
 class VerifiedToken:
     """One draft token the target checked. ``position`` is 1-based; ``survival`` is c_k (None without an
     estimator) and ``prefix_survival`` a_k = c_1·…·c_k; ``reached``: all earlier positions of its draft were
-    accepted; ``accepted``: the token was emitted."""
+    accepted; ``accepted``: the target accepted it (it is emitted unless an EOS or max_new_tokens ended the
+    row earlier in the same step)."""
 
     step: int
     row: int

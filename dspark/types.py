@@ -89,6 +89,11 @@ class Draft:
         if self.confidence is not None and tuple(self.confidence.shape) != (rows, gamma):
             raise ValueError(f"Draft.confidence must have shape ({rows}, {gamma}), got {tuple(self.confidence.shape)}")
 
+    @classmethod
+    def empty(cls, rows: int, device: torch.device) -> "Draft":
+        """A draft with no tokens for ``rows`` rows (nothing to verify)."""
+        return cls(tokens=torch.zeros((rows, 0), dtype=torch.long, device=device), lengths=torch.zeros(rows, dtype=torch.long, device=device))
+
     @property
     def num_tokens(self) -> int:
         """γ, the block width (the longest proposal in the batch)."""

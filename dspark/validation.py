@@ -8,7 +8,34 @@ import torch
 
 from dspark.protocols import Drafter
 
-__all__ = ["check_prompt", "check_max_new_tokens", "check_drafter", "check_forward_signature", "context_length", "eos_ids"]
+__all__ = [
+    "check_prompt",
+    "check_max_new_tokens",
+    "check_drafter",
+    "check_forward_signature",
+    "check_generation_config",
+    "check_generator",
+    "context_length",
+    "eos_ids",
+]
+
+# Generation-config fields that change which token HF generate picks, with the values that do not.
+_NEUTRAL_GENERATION_SETTINGS = {
+    "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "min_new_tokens": (None, 0),
+    "min_length": (None, 0),
+    "suppress_tokens": (None, []),
+    "begin_suppress_tokens": (None, []),
+    "bad_words_ids": (None, []),
+    "sequence_bias": (None, {}),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "exponential_decay_length_penalty": (None,),
+    "guidance_scale": (None, 1.0),
+    "watermarking_config": (None,),
+}
 
 
 def check_prompt(input_ids, attention_mask, vocab_size: int):
@@ -82,6 +109,32 @@ def check_forward_signature(model) -> frozenset:
             f"attention_mask and a key/value cache"
         )
     return frozenset(name for name in ("position_ids", "logits_to_keep") if name in parameters)
+
+
+def check_generation_config(generation_config) -> None:
+    """Refuse generation-config settings that make HF generate pick other tokens than plain decoding.
+
+    dspark reproduces plain greedy decoding and sampling from the warped target distribution; a
+    repetition penalty, banned n-grams, forced tokens and the like would make its output differ from
+    ``model.generate`` silently, so they are refused by name rather than ignored.
+    """
+    for name, neutral in _NEUTRAL_GENERATION_SETTINGS.items():
+        value = getattr(generation_config, name, None)
+        if value not in neutral:
+            raise ValueError(
+                f"the model's generation_config.{name}={value!r} changes the decoded tokens and dspark does not apply it; "
+                f"allowed: {' or '.join(repr(v) for v in neutral)} (set it on a copy of the generation config)"
+            )
+
+
+def check_generator(generator, device: torch.device) -> None:
+    """Refuse a generator that is not a torch.Generator on the device of input_ids."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if generator.device.type != device.type:
+        raise ValueError(f"generator must live on the device of input_ids ({device}), got a generator on {generator.device}")
 
 
 def context_length(config) -> int | None:

@@ -7,7 +7,7 @@ import torch
 from dspark.kv import RaggedCache, check_cache_support
 from dspark.types import Draft, DraftContext, StepOutcome
 from dspark.validation import check_forward_signature
-from dspark.verify.warping import warped_probs
+from dspark.verify.warping import draw, warped_probs
 
 __all__ = ["DraftModelDrafter"]
 
@@ -66,10 +66,7 @@ class DraftModelDrafter:
         tokens, probs = [], []
         for k in range(max_tokens):
             q = warped_probs(logits, context.sampling)
-            if context.sampling.do_sample:
-                token = torch.multinomial(q, 1, generator=context.generator).squeeze(1)
-            else:
-                token = q.argmax(dim=-1)
+            token = draw(q, context.sampling, context.generator)
             tokens.append(token)
             probs.append(q)
             if k + 1 < max_tokens:
@@ -77,10 +74,12 @@ class DraftModelDrafter:
                 logits = self._logits(token[:, None], ones, torch.zeros_like(token))
         self._speculative = max(max_tokens - 1, 0)
         rows = context.rows.numel()
+        if not tokens:
+            return Draft.empty(rows, device)
         return Draft(
-            tokens=torch.stack(tokens, dim=1) if tokens else torch.zeros((rows, 0), dtype=torch.long, device=device),
+            tokens=torch.stack(tokens, dim=1),
             lengths=torch.full((rows,), max_tokens, dtype=torch.long, device=device),
-            probs=torch.stack(probs, dim=1) if probs else None,
+            probs=torch.stack(probs, dim=1),
         )
 
     def observe(self, outcome: StepOutcome) -> None:

@@ -32,7 +32,7 @@ from torch import nn
 
 from dspark.kv import RaggedCache
 from dspark.types import Draft, DraftContext, StepOutcome
-from dspark.verify.warping import warped_probs
+from dspark.verify.warping import draw, warped_probs
 
 __all__ = ["SemiARConfig", "SemiARDrafter", "TargetSignature"]
 
@@ -185,6 +185,9 @@ class SemiARDrafter(nn.Module):
         signature = TargetSignature.of(target)
         if signature != config.target:
             raise ValueError(f"target must match the drafter's {config.target}, got {signature}")
+        num_layers = target.config.get_text_config(decoder=True).num_hidden_layers
+        if not all(0 <= layer <= num_layers for layer in config.target_layers):
+            raise ValueError(f"target_layers must be hidden-state indices in [0, {num_layers}] of this target, got {config.target_layers!r}")
         self.config = config
         self.target_layers = config.target_layers
         self.vocab_size = config.target.vocab_size
@@ -321,7 +324,9 @@ class SemiARDrafter(nn.Module):
         if context.features is not None and context.features.shape[1] > 0:
             self.extend_context(context.features, context.feature_mask)
         rows, device = context.rows.numel(), context.tokens.device
-        hidden = self.backbone(context.anchors, max(max_tokens, 1))
+        # The backbone always sees the block width it was trained with; only the first max_tokens are drafted.
+        max_tokens = min(max_tokens, self.config.block_size)
+        hidden = self.backbone(context.anchors, self.config.block_size)
         # head·hᵀ rather than h·headᵀ: for a few rows and a wide head, BLAS runs it 2x faster on CPU.
         base_logits = (self._head_weight().to(hidden.dtype) @ hidden.transpose(1, 2)).transpose(1, 2).float()
         previous = context.anchors
@@ -331,16 +336,13 @@ class SemiARDrafter(nn.Module):
             bias, state, previous_features = self.transition_bias(previous, hidden[:, k], state)
             logits = base_logits[:, k] if bias is None else base_logits[:, k] + bias.float()
             q = warped_probs(logits, context.sampling)
-            if context.sampling.do_sample:
-                choice = torch.multinomial(q, 1, generator=context.generator).squeeze(1)
-            else:
-                choice = q.argmax(dim=-1)
+            choice = draw(q, context.sampling, context.generator)
             confidence.append(torch.sigmoid(self.confidence_head(torch.cat([hidden[:, k], previous_features], dim=-1))).squeeze(-1))
             previous = self.draft_vocab[choice]
             tokens.append(previous)
             probs.append(torch.zeros((rows, self.vocab_size), device=device).index_copy_(1, self.draft_vocab, q))
         if not tokens:
-            return Draft(tokens=torch.zeros((rows, 0), dtype=torch.long, device=device), lengths=torch.zeros(rows, dtype=torch.long, device=device))
+            return Draft.empty(rows, device)
         return Draft(
             tokens=torch.stack(tokens, dim=1),
             lengths=torch.full((rows,), max_tokens, dtype=torch.long, device=device),

@@ -1,12 +1,13 @@
 """Acceptance rules, warping, confidence estimators and verify policies."""
 
 from dspark.verify.acceptance import greedy_accept, leading_true, rejection_sample, residual_distribution
-from dspark.verify.confidence import DraftProbability, survival_products
+from dspark.verify.confidence import DraftProbability, DrafterConfidence, survival_products
 from dspark.verify.policies import FixedLength, Threshold
 from dspark.verify.warping import warp_logits, warped_probs
 
 __all__ = [
     "DraftProbability",
+    "DrafterConfidence",
     "FixedLength",
     "Threshold",
     "greedy_accept",

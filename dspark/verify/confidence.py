@@ -7,7 +7,7 @@ import torch
 
 from dspark.types import Draft
 
-__all__ = ["DraftProbability", "survival_products"]
+__all__ = ["DraftProbability", "DrafterConfidence", "survival_products"]
 
 
 def survival_products(survival: torch.Tensor) -> torch.Tensor:
@@ -34,3 +34,15 @@ class DraftProbability:
                 "(a point-mass drafter such as PromptLookupDrafter); use a policy without confidence"
             )
         return draft.probs.amax(dim=-1).clamp(self.floor, 1.0 - self.floor)
+
+
+@attrs.frozen
+class DrafterConfidence:
+    """The drafter's own learned confidence head (``Draft.confidence``), e.g. the semi-AR drafter's
+    c_k = σ(wᵀ[h_k; W1[x_{k−1}]]), which depends on x_{k−1} but never on x_k."""
+
+    def survival(self, draft: Draft) -> torch.Tensor:
+        """``Draft.confidence`` as FloatTensor[R, γ]."""
+        if draft.confidence is None:
+            raise ValueError("DrafterConfidence needs a drafter with a confidence head, but Draft.confidence is None")
+        return draft.confidence.float()

@@ -9,7 +9,7 @@ import torch
 
 from dspark.types import SamplingConfig
 
-__all__ = ["warp_logits", "warped_probs"]
+__all__ = ["warp_logits", "warped_probs", "draw"]
 
 
 def warp_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -39,3 +39,10 @@ def warp_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
 def warped_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """softmax(warp_logits(logits)): the distribution a token is drawn from, float32."""
     return warp_logits(logits, sampling).softmax(dim=-1)
+
+
+def draw(probs: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of ``probs`` [R, V]: sampled under a sampling config, the argmax when greedy."""
+    if sampling.do_sample:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return probs.argmax(dim=-1)
