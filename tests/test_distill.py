@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -141,7 +142,12 @@ def test_training_resumes_from_its_checkpoint(tmp_path):
     logs = []
     history = train(_drafter(target), target, records, TrainConfig(steps=6, learning_rate=1e-3, warmup_steps=1, sequences_per_step=1, anchors_per_sequence=4, checkpoint_every=2), checkpoint_dir=tmp_path / "run", log=logs.append)
     assert logs[0].startswith("resumed from step 4") and [entry["step"] for entry in history] == [5, 6]
-    assert saved.state_dict().keys() == SemiARDrafter.from_pretrained(tmp_path / "run", target=target).state_dict().keys()
+    resumed = SemiARDrafter.from_pretrained(tmp_path / "run", target=target)
+    changed = [name for name, tensor in saved.state_dict().items() if not torch.equal(tensor, resumed.state_dict()[name])]
+    assert changed, "two more steps must have moved the weights that were loaded from step 4"
+    moments = load_file(str(tmp_path / "run" / "optimizer.safetensors"))
+    trainable = [name for name, parameter in resumed.named_parameters() if parameter.requires_grad]
+    assert all(f"{name}.exp_avg" in moments for name in trainable)
 
 
 def _word_tokenizer() -> PreTrainedTokenizerFast:

@@ -157,3 +157,17 @@ def test_target_features_of_committed_tokens_match_a_clean_forward(llama):
         seen = drafter.seen[row]
         assert seen.shape[0] >= int(attention_mask[row].sum()) - 1 + 10
         assert torch.allclose(seen, clean[: seen.shape[0]], atol=1e-4)
+
+
+class OverlongDrafter(PromptLookupDrafter):
+    """Ignores max_tokens: a broken third-party drafter."""
+
+    def propose(self, context, max_tokens):
+        rows = context.tokens.shape[0]
+        return dspark.Draft(tokens=torch.ones((rows, max_tokens + 2), dtype=torch.long), lengths=torch.full((rows,), max_tokens + 2))
+
+
+def test_a_draft_longer_than_asked_is_refused(llama):
+    """The loop refuses drafts wider than max_tokens, naming the drafter."""
+    with pytest.raises(ValueError, match="OverlongDrafter.propose"):
+        dspark.generate(llama, torch.tensor([[3, 4, 5, 3, 4]]), drafter=OverlongDrafter(), max_new_tokens=6)

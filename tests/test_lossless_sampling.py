@@ -10,7 +10,7 @@ from scipy.stats import chi2
 import dspark
 from dspark.drafters import DraftModelDrafter, PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature
 from dspark.types import Draft, SamplingConfig
-from dspark.verify import FixedLength, Threshold
+from dspark.verify import DrafterConfidence, FixedLength, Threshold
 from dspark.verify.warping import warped_probs
 from tests.conftest import build_model
 
@@ -128,21 +128,13 @@ def test_plain_sampling_through_the_loop_is_lossless(models):
     assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[2])) > SIGNIFICANCE
 
 
-@attrs.frozen
-class ConfidenceHead:
-    """The semi-AR drafter's confidence head, c_k = σ(wᵀ[h_k; W1[x_{k−1}]]): it never sees x_k."""
-
-    def survival(self, draft: Draft) -> torch.Tensor:
-        return draft.confidence
-
-
 def test_threshold_on_the_confidence_head_is_lossless(models):
     """A threshold on c_k that depends on x_{k−1} only keeps the target law (invariant 3)."""
     target, _ = models
     drafter = _semi_ar_drafter(target)
     with torch.no_grad():
         drafter.confidence_head.weight.normal_(0, 2.0)
-    result = _sample(target, drafter, WARPINGS[0], seed=4, max_draft_tokens=2, policy=Threshold(0.5), confidence=ConfidenceHead())
+    result = _sample(target, drafter, WARPINGS[0], seed=4, max_draft_tokens=2, policy=Threshold(0.5), confidence=DrafterConfidence())
     lengths = torch.cat(result.stats.verify_lengths)
     assert bool((lengths == 0).any()) and bool((lengths > 0).any()), "the threshold must both cut and admit drafts"
     assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE

@@ -5,7 +5,7 @@ import torch
 
 import dspark
 from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature
-from dspark.verify import FixedLength, Threshold
+from dspark.verify import DrafterConfidence, FixedLength, Threshold
 from tests.conftest import build_model, left_padded_batch
 
 
@@ -28,17 +28,10 @@ def test_greedy_equals_hf_generate(architecture, sequential):
     expected = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=20, do_sample=False)
     drafter = _drafter(target, sequential=sequential)
     for policy in (None, Threshold(0.5)):
-        result = dspark.wrap(target, drafter, policy=policy, confidence=None if policy is None else ConfidenceFromDraft()).generate(
+        result = dspark.wrap(target, drafter, policy=policy, confidence=None if policy is None else DrafterConfidence()).generate(
             input_ids, attention_mask=attention_mask, max_new_tokens=20
         )
         assert torch.equal(result.sequences, expected)
-
-
-class ConfidenceFromDraft:
-    """Reads the drafter's confidence head c_k = σ(wᵀ[h_k; W1[x_{k−1}]])."""
-
-    def survival(self, draft):
-        return draft.confidence
 
 
 def test_draft_carries_probabilities_and_confidence(llama):
@@ -68,10 +61,17 @@ def test_save_load_round_trip(tmp_path, llama):
     assert set(loaded.state_dict()) == set(drafter.state_dict())
     shared_shape = llama.get_input_embeddings().weight.shape
     assert all(tensor.shape != shared_shape for tensor in loaded.state_dict().values())
-    input_ids, attention_mask = left_padded_batch([6, 8])
-    first = dspark.wrap(llama, drafter).generate(input_ids, attention_mask=attention_mask, max_new_tokens=10)
-    second = dspark.wrap(llama, loaded).generate(input_ids, attention_mask=attention_mask, max_new_tokens=10)
-    assert [record.accepted.tolist() for record in first.stats.records] == [record.accepted.tolist() for record in second.stats.records]
+    assert all(torch.equal(tensor, loaded.state_dict()[name]) for name, tensor in drafter.state_dict().items())
+    tokens = torch.randint(3, 60, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        hidden = llama(tokens[:, :-1], output_hidden_states=True).hidden_states
+    context = dspark.DraftContext(
+        tokens=tokens, begin=torch.tensor([0]), end=torch.tensor([12]), rows=torch.tensor([0]), step=0, sampling=dspark.SamplingConfig(),
+        features=torch.cat([hidden[1], hidden[2]], dim=-1), feature_mask=torch.ones((1, 11), dtype=torch.long),
+    )
+    first, second = drafter.propose(context, 4), loaded.propose(context, 4)
+    assert torch.equal(first.tokens, second.tokens)
+    assert torch.equal(first.probs, second.probs) and torch.equal(first.confidence, second.confidence)
 
 
 def test_loading_for_another_target_is_refused(tmp_path, llama):
@@ -90,3 +90,21 @@ def test_bad_configs_are_refused(llama, overrides, message):
     arguments = {"target": TargetSignature.of(llama), "target_layers": (1,), **overrides}
     with pytest.raises(ValueError, match=message):
         SemiARConfig(**arguments)
+
+
+def test_target_layers_beyond_the_target_are_refused(llama):
+    """target_layers must index the target's hidden states."""
+    config = SemiARConfig(target=TargetSignature.of(llama), target_layers=(1, 7), num_heads=4)
+    with pytest.raises(ValueError, match="target_layers"):
+        SemiARDrafter(config, llama)
+
+
+def test_rows_finishing_at_eos_leave_the_drafter_cache(llama):
+    """With rows ending at different steps, the semi-AR drafter follows the shrinking batch and stays lossless."""
+    input_ids, attention_mask = left_padded_batch([7, 12, 3, 9], seed=3)
+    free_run = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    eos = int(free_run[0, input_ids.shape[1] + 6])
+    expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    result = dspark.wrap(llama, _drafter(llama)).generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(result.sequences, expected)
+    assert len({record.rows.numel() for record in result.stats.records}) > 1

@@ -91,6 +91,15 @@ def test_bad_input_is_refused_and_leaves_the_model_usable(llama, overrides, erro
     assert torch.equal(speculative.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4).sequences, expected)
 
 
+@pytest.mark.parametrize("setting, value", [("repetition_penalty", 1.2), ("no_repeat_ngram_size", 3), ("suppress_tokens", [5])])
+def test_generation_config_settings_that_change_tokens_are_refused(setting, value):
+    """A generation config that HF would apply but dspark does not is refused by name."""
+    target = build_model("llama")
+    setattr(target.generation_config, setting, value)
+    with pytest.raises(ValueError, match=setting):
+        dspark.generate(target, torch.tensor([[3, 4, 5]]), drafter=PromptLookupDrafter(), max_new_tokens=4)
+
+
 def test_drafter_that_is_not_a_drafter_is_refused(llama):
     """Anything without propose/observe/vocab_size is refused with a TypeError naming drafter."""
     with pytest.raises(TypeError, match="drafter"):
@@ -158,5 +167,7 @@ def test_half_precision_targets_run(dtype):
     result = dspark.wrap(target, DraftModelDrafter(target), policy=Threshold(0.0), confidence=DraftProbability(), max_draft_tokens=3).generate(
         input_ids, attention_mask=attention_mask, max_new_tokens=12, eos_token_id=[]
     )
+    expected = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=1, do_sample=False)
     assert result.sequences.shape == (2, input_ids.shape[1] + 12)
+    assert torch.equal(result.sequences[:, : expected.shape[1]], expected)
     assert result.stats.tau == pytest.approx(4.0)

@@ -245,7 +245,7 @@ def target_features(target, tokens: torch.Tensor, layers: tuple[int, ...], posit
     and its next-token distributions at ``positions`` only (the LM head runs nowhere else)."""
     outputs = target(input_ids=tokens, output_hidden_states=True, logits_to_keep=positions)
     features = torch.cat([outputs.hidden_states[layer] for layer in layers], dim=-1)
-    return features.float(), outputs.logits.float().softmax(dim=-1)
+    return features.float().to(tokens.device), outputs.logits.float().softmax(dim=-1).to(tokens.device)
 
 
 @attrs.frozen
@@ -303,7 +303,12 @@ def _load_checkpoint(drafter: SemiARDrafter, optimizer: torch.optim.Optimizer, d
     drafter.load_state_dict(load_file(str(directory / "model.safetensors")))
     state = load_file(str(directory / "optimizer.safetensors"))
     for name, parameter in drafter.named_parameters():
-        moments = {key.rsplit(".", 1)[1]: value for key, value in state.items() if key.rsplit(".", 1)[0] == name}
+        # AdamW keeps its step counter on the CPU; the moments live with their parameter.
+        moments = {
+            key.rsplit(".", 1)[1]: value if key.endswith(".step") else value.to(parameter.device)
+            for key, value in state.items()
+            if key.rsplit(".", 1)[0] == name
+        }
         if moments:
             optimizer.state[parameter] = moments
     return json.loads((directory / "trainer_state.json").read_text())["step"]
@@ -348,11 +353,13 @@ def train(
             if anchors is None:
                 continue
             used += 1
-            block = anchors[:, None] + torch.arange(drafter.config.block_size)
+            device = drafter.draft_vocab.device
+            tokens, anchors = tokens.to(device), anchors.to(device)
+            block = anchors[:, None] + torch.arange(drafter.config.block_size, device=device)
             needed = block.flatten().unique()
             features, probs = target_features(target, tokens[None], drafter.target_layers, needed)
             # Distribution of the k-th draft token: the target's prediction after position a + k − 1.
-            target_probs = probs[0][torch.searchsorted(needed, block)]
+            target_probs = probs[0].to(device)[torch.searchsorted(needed, block)]
             target_tokens = tokens[block + 1]
             logits, confidence = drafter.training_outputs(features, tokens[None], anchors[None])
             loss, terms = distillation_loss(logits[0], confidence[0], target_probs, target_tokens, drafter.draft_vocab)
