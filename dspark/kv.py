@@ -97,6 +97,11 @@ class RaggedCache:
             self.cache.crop(-dead_tail)
             self.live = self.live[:, : self.slots - dead_tail]
 
+    def keep_rows(self, previous_rows: torch.Tensor, rows: torch.Tensor) -> None:
+        """Follow a batch that shrank from ``previous_rows`` to ``rows`` (both ascending batch indices)."""
+        if not torch.equal(previous_rows, rows):
+            self.compact(rows=torch.searchsorted(previous_rows, rows))
+
     def compact(self, rows: torch.Tensor | None = None) -> None:
         """Keep only ``rows`` (all by default) and gather each row's live slots, left-padded, into a new cache."""
         live = self.live if rows is None else self.live[rows]

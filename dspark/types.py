@@ -94,6 +94,20 @@ class Draft:
         """A draft with no tokens for ``rows`` rows (nothing to verify)."""
         return cls(tokens=torch.zeros((rows, 0), dtype=torch.long, device=device), lengths=torch.zeros(rows, dtype=torch.long, device=device))
 
+    @classmethod
+    def from_positions(
+        cls, tokens: list[torch.Tensor], probs: list[torch.Tensor], rows: int, device: torch.device, confidence: list[torch.Tensor] | None = None
+    ) -> "Draft":
+        """A full-length draft from per-position tokens [R], distributions [R, V] and confidences [R]."""
+        if not tokens:
+            return cls.empty(rows, device)
+        return cls(
+            tokens=torch.stack(tokens, dim=1),
+            lengths=torch.full((rows,), len(tokens), dtype=torch.long, device=device),
+            probs=torch.stack(probs, dim=1),
+            confidence=None if confidence is None else torch.stack(confidence, dim=1).float(),
+        )
+
     @property
     def num_tokens(self) -> int:
         """γ, the block width (the longest proposal in the batch)."""

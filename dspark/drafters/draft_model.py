@@ -46,8 +46,8 @@ class DraftModelDrafter:
             check_cache_support(self.model.config, int(context.end.max()) + 2 * (max_tokens + 1))
             self._cache = RaggedCache(context.rows.numel(), context.tokens.device, hole_budget=max_tokens + 1)
             self._rows, self._speculative = context.rows, 0
-        elif not torch.equal(self._rows, context.rows):
-            self._cache.compact(rows=torch.searchsorted(self._rows, context.rows))
+        else:
+            self._cache.keep_rows(self._rows, context.rows)
             self._rows = context.rows
 
     @torch.inference_mode()
@@ -73,14 +73,7 @@ class DraftModelDrafter:
                 ones = torch.ones((token.shape[0], 1), dtype=torch.long, device=device)
                 logits = self._logits(token[:, None], ones, torch.zeros_like(token))
         self._speculative = max(max_tokens - 1, 0)
-        rows = context.rows.numel()
-        if not tokens:
-            return Draft.empty(rows, device)
-        return Draft(
-            tokens=torch.stack(tokens, dim=1),
-            lengths=torch.full((rows,), max_tokens, dtype=torch.long, device=device),
-            probs=torch.stack(probs, dim=1),
-        )
+        return Draft.from_positions(tokens, probs, context.rows.numel(), device)
 
     def observe(self, outcome: StepOutcome) -> None:
         """Keep the accepted drafts the model has already consumed; the rest leave its cache."""

@@ -313,8 +313,8 @@ class SemiARDrafter(nn.Module):
         if context.step == 0 or self._context is None:
             self._context = RaggedCache(context.rows.numel(), context.tokens.device, hole_budget=self.config.block_size + 1)
             self._rows = context.rows
-        elif not torch.equal(self._rows, context.rows):
-            self._context.compact(rows=torch.searchsorted(self._rows, context.rows))
+        else:
+            self._context.keep_rows(self._rows, context.rows)
             self._rows = context.rows
 
     @torch.inference_mode()
@@ -341,14 +341,7 @@ class SemiARDrafter(nn.Module):
             previous = self.draft_vocab[choice]
             tokens.append(previous)
             probs.append(torch.zeros((rows, self.vocab_size), device=device).index_copy_(1, self.draft_vocab, q))
-        if not tokens:
-            return Draft.empty(rows, device)
-        return Draft(
-            tokens=torch.stack(tokens, dim=1),
-            lengths=torch.full((rows,), max_tokens, dtype=torch.long, device=device),
-            probs=torch.stack(probs, dim=1),
-            confidence=torch.stack(confidence, dim=1).float(),
-        )
+        return Draft.from_positions(tokens, probs, rows, device, confidence)
 
     def observe(self, outcome: StepOutcome) -> None:
         """Nothing to roll back: the context cache only ever holds committed positions."""
