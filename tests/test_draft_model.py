@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import dspark
+
 from dspark.drafters import DraftModelDrafter
 from dspark.types import DraftContext, SamplingConfig, StepOutcome
 from tests.conftest import build_model
@@ -39,3 +41,10 @@ def test_bad_block_width_is_refused():
     """default_draft_tokens below 1 is refused."""
     with pytest.raises(ValueError, match="default_draft_tokens"):
         DraftModelDrafter(build_model("llama"), default_draft_tokens=0)
+
+
+def test_draft_model_with_a_shorter_context_is_refused(llama):
+    """A draft model whose context cannot hold prompt + max_new_tokens is refused up front, naming its context."""
+    short = build_model("llama", seed=1, max_position_embeddings=32)
+    with pytest.raises(ValueError, match="draft model's context of 32 tokens"):
+        dspark.generate(llama, torch.tensor([[3, 4, 5, 6]]), drafter=DraftModelDrafter(short), max_new_tokens=40)

@@ -6,7 +6,7 @@ import torch
 
 from dspark.kv import RaggedCache, check_cache_support
 from dspark.types import Draft, DraftContext, StepOutcome
-from dspark.validation import check_forward_signature
+from dspark.validation import check_forward_signature, context_length
 from dspark.verify.warping import draw, warped_probs
 
 __all__ = ["DraftModelDrafter"]
@@ -43,7 +43,15 @@ class DraftModelDrafter:
 
     def _sync_rows(self, context: DraftContext, max_tokens: int) -> None:
         if context.step == 0 or self._cache is None:
-            check_cache_support(self.model.config, int(context.end.max()) + 2 * (max_tokens + 1))
+            # The token buffer spans prompt + max_new_tokens: the draft model must hold that plus one block.
+            needed = context.tokens.shape[1] + 2 * (max_tokens + 1)
+            limit = context_length(self.model.config)
+            if limit is not None and needed > limit:
+                raise ValueError(
+                    f"the draft model's context of {limit} tokens is shorter than this generation needs ({needed}: "
+                    f"prompt + max_new_tokens + draft blocks); use a draft model with a longer context or fewer max_new_tokens"
+                )
+            check_cache_support(self.model.config, needed)
             self._cache = RaggedCache(context.rows.numel(), context.tokens.device, hole_budget=max_tokens + 1)
             self._rows, self._speculative = context.rows, 0
         else:
