@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from dspark.checks import check_int, int_at_least
 from dspark.cost_models.constant import ConstantCostModel
 from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
 
@@ -22,13 +23,7 @@ def _instance_of(protocol, optional: bool = False):
 
 def check_max_draft_tokens(value) -> int:
     """Return ``value`` if it is a valid block width γ (an int >= 0), else raise naming max_draft_tokens."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"max_draft_tokens must be an int >= 0, got {value!r}")
-    return value
-
-
-def _draft_tokens(instance, attribute, value):
-    check_max_draft_tokens(value)
+    return check_int("max_draft_tokens", value, 0)
 
 
 @attrs.frozen
@@ -37,7 +32,7 @@ class Strategy:
 
     drafter: Drafter = attrs.field(validator=_instance_of(Drafter))
     policy: VerifyPolicy = attrs.field(validator=_instance_of(VerifyPolicy))
-    max_draft_tokens: int = attrs.field(validator=_draft_tokens)
+    max_draft_tokens: int = attrs.field(validator=int_at_least(0))
     confidence: ConfidenceEstimator | None = attrs.field(default=None, validator=_instance_of(ConfidenceEstimator, optional=True))
     cost_model: CostModel = attrs.field(factory=ConstantCostModel, validator=_instance_of(CostModel))
 

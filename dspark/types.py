@@ -5,12 +5,9 @@ from __future__ import annotations
 import attrs
 import torch
 
+from dspark.checks import int_at_least
+
 __all__ = ["SamplingConfig", "DraftContext", "Draft", "StepOutcome"]
-
-
-def _optional_positive_int(instance, attribute, value):
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise ValueError(f"{attribute.name} must be None or an int >= 0, got {value!r}")
 
 
 @attrs.frozen
@@ -19,7 +16,7 @@ class SamplingConfig:
 
     do_sample: bool = False
     temperature: float = 1.0
-    top_k: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    top_k: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
     top_p: float | None = None
 
     def __attrs_post_init__(self):

@@ -6,6 +6,7 @@ import inspect
 
 import torch
 
+from dspark.checks import check_int
 from dspark.protocols import Drafter
 
 __all__ = [
@@ -78,11 +79,7 @@ def check_prompt(input_ids, attention_mask, vocab_size: int):
 
 def check_max_new_tokens(max_new_tokens) -> int:
     """Return ``max_new_tokens`` after checking it is an int >= 0."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    return max_new_tokens
+    return check_int("max_new_tokens", max_new_tokens, 0)
 
 
 def check_drafter(drafter, vocab_size: int) -> None:

@@ -35,8 +35,10 @@ def test_threshold_without_survival_is_refused():
         Threshold(0.5).lengths(None, COST, torch.tensor([3]))
 
 
-@pytest.mark.parametrize("factory, value", [(FixedLength, -1), (FixedLength, 1.5), (Threshold, 1.5), (Threshold, -0.1)])
-def test_bad_parameters_are_refused(factory, value):
-    """Out-of-range policy parameters raise ValueError with the value in the message."""
-    with pytest.raises(ValueError, match=repr(value)):
+@pytest.mark.parametrize(
+    "factory, value, error", [(FixedLength, -1, ValueError), (FixedLength, 1.5, TypeError), (Threshold, 1.5, ValueError), (Threshold, -0.1, ValueError)]
+)
+def test_bad_parameters_are_refused(factory, value, error):
+    """Bad policy parameters raise (TypeError for a wrong type, ValueError out of range) with the value in the message."""
+    with pytest.raises(error, match=repr(value)):
         factory(value)

@@ -35,7 +35,7 @@ def test_wrap_defaults_verify_every_drafted_token(llama):
     assert strategy.policy == FixedLength(2) and strategy.confidence is None
 
 
-@pytest.mark.parametrize("value, error", [(-1, ValueError), (2.0, ValueError), (True, ValueError)])
+@pytest.mark.parametrize("value, error", [(-1, ValueError), (2.0, TypeError), (True, TypeError)])
 def test_wrap_refuses_bad_block_width(llama, value, error):
     """max_draft_tokens must be an int >= 0, and the message names it."""
     with pytest.raises(error, match="max_draft_tokens"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dspark.checks import check_int
 from dspark.kv import RaggedCache, check_cache_support
 from dspark.types import Draft, DraftContext, StepOutcome
 from dspark.validation import check_forward_signature, context_length
@@ -22,10 +23,8 @@ class DraftModelDrafter:
     """
 
     def __init__(self, model: torch.nn.Module, default_draft_tokens: int = 4):
-        if isinstance(default_draft_tokens, bool) or not isinstance(default_draft_tokens, int) or default_draft_tokens < 1:
-            raise ValueError(f"default_draft_tokens must be an int >= 1, got {default_draft_tokens!r}")
         self.model = model
-        self.default_draft_tokens = default_draft_tokens
+        self.default_draft_tokens = check_int("default_draft_tokens", default_draft_tokens, 1)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._forward_arguments = check_forward_signature(model)
         self._cache: RaggedCache | None = None

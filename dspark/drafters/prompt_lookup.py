@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from dspark.checks import int_at_least
 from dspark.types import Draft, DraftContext, StepOutcome
 
 __all__ = ["PromptLookupDrafter", "lookup_continuation"]
@@ -26,11 +27,6 @@ def lookup_continuation(context: torch.Tensor, max_ngram: int, min_ngram: int, m
     return context[:0]
 
 
-def _positive_int(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
-
-
 @attrs.define
 class PromptLookupDrafter:
     """Training-free n-gram drafter (prompt lookup decoding) over each row's own context.
@@ -41,9 +37,9 @@ class PromptLookupDrafter:
     right too rarely to pay for a multi-token verify forward on a CPU.
     """
 
-    max_ngram: int = attrs.field(default=3, validator=_positive_int)
-    min_ngram: int = attrs.field(default=2, validator=_positive_int)
-    default_draft_tokens: int = attrs.field(default=4, validator=_positive_int)
+    max_ngram: int = attrs.field(default=3, validator=int_at_least(1))
+    min_ngram: int = attrs.field(default=2, validator=int_at_least(1))
+    default_draft_tokens: int = attrs.field(default=4, validator=int_at_least(1))
     vocab_size = None
 
     def __attrs_post_init__(self):

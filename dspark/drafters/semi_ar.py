@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dspark.checks import int_at_least
 from dspark.kv import RaggedCache
 from dspark.types import Draft, DraftContext, StepOutcome
 from dspark.verify.warping import draw, warped_probs
@@ -39,11 +40,6 @@ __all__ = ["SemiARConfig", "SemiARDrafter", "TargetSignature"]
 SEQUENTIAL_HEADS = ("markov", "rnn", None)
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-
-
-def _positive(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
 
 
 @attrs.frozen
@@ -70,12 +66,12 @@ class SemiARConfig:
 
     target: TargetSignature
     target_layers: tuple[int, ...] = attrs.field(converter=tuple)
-    block_size: int = attrs.field(default=7, validator=_positive)
-    num_layers: int = attrs.field(default=2, validator=_positive)
-    num_heads: int = attrs.field(default=4, validator=_positive)
-    intermediate_size: int = attrs.field(default=1024, validator=_positive)
+    block_size: int = attrs.field(default=7, validator=int_at_least(1))
+    num_layers: int = attrs.field(default=2, validator=int_at_least(1))
+    num_heads: int = attrs.field(default=4, validator=int_at_least(1))
+    intermediate_size: int = attrs.field(default=1024, validator=int_at_least(1))
     sequential: str | None = attrs.field(default="markov")
-    rank: int = attrs.field(default=64, validator=_positive)
+    rank: int = attrs.field(default=64, validator=int_at_least(1))
     draft_vocab_size: int | None = None
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6

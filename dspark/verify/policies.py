@@ -5,15 +5,11 @@ from __future__ import annotations
 import attrs
 import torch
 
+from dspark.checks import int_at_least
 from dspark.protocols import CostModel
 from dspark.verify.acceptance import leading_true
 
 __all__ = ["FixedLength", "Threshold"]
-
-
-def _non_negative_int(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
 def _unit_interval(instance, attribute, value):
@@ -25,7 +21,7 @@ def _unit_interval(instance, attribute, value):
 class FixedLength:
     """Verify the first k draft tokens of every row (k = 0 is plain autoregressive decoding)."""
 
-    k: int = attrs.field(validator=_non_negative_int)
+    k: int = attrs.field(validator=int_at_least(0))
     needs_survival = False
 
     @property

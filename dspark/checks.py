@@ -1,0 +1,26 @@
+"""The one integer check every part uses: TypeError for a non-int, ValueError below the minimum."""
+
+from __future__ import annotations
+
+__all__ = ["check_int", "int_at_least"]
+
+
+def check_int(name: str, value, minimum: int, optional: bool = False) -> int | None:
+    """Return ``value`` if it is an int (not a bool) >= ``minimum`` (or None when ``optional``)."""
+    if value is None and optional:
+        return None
+    allowed = f"an int >= {minimum}" + (" or None" if optional else "")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be {allowed}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def int_at_least(minimum: int, optional: bool = False):
+    """An attrs validator running ``check_int`` on the field."""
+
+    def validate(instance, attribute, value):
+        check_int(attribute.name, value, minimum, optional)
+
+    return validate

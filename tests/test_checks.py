@@ -1,0 +1,20 @@
+"""The shared integer check in dspark/checks.py."""
+
+import pytest
+
+from dspark.checks import check_int
+
+
+@pytest.mark.parametrize("value, error", [(2.0, TypeError), (True, TypeError), ("3", TypeError), (-1, ValueError)])
+def test_check_int_refuses_non_ints_and_small_values(value, error):
+    """Wrong types raise TypeError, values below the minimum ValueError, both naming the argument and value."""
+    with pytest.raises(error, match=rf"count must be an int >= 0, got {value!r}"):
+        check_int("count", value, 0)
+
+
+def test_check_int_returns_valid_values_and_optional_none():
+    """Valid ints come back unchanged; None passes only when optional."""
+    assert check_int("count", 3, 1) == 3
+    assert check_int("count", None, 1, optional=True) is None
+    with pytest.raises(TypeError, match="or None"):
+        check_int("count", 1.5, 1, optional=True)
