@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--learning-rate", type=float, default=3e-4)
     train.add_argument("--block-size", type=int, default=7, help="γ")
     train.add_argument("--sequential", default="markov", choices=["markov", "rnn", "none"])
+    train.add_argument("--backbone", default="parallel", choices=["parallel", "autoregressive"], help="autoregressive: the EAGLE/MTP-like ablation")
     train.add_argument("--layers", type=int, default=2)
     train.add_argument("--intermediate-size", type=int, default=1024)
     train.add_argument("--rank", type=int, default=64)
@@ -133,7 +134,8 @@ def _train(args) -> None:
     config = SemiARConfig(
         target=signature, target_layers=layers, block_size=args.block_size, num_layers=args.layers,
         num_heads=target.config.num_attention_heads, intermediate_size=args.intermediate_size,
-        sequential=None if args.sequential == "none" else args.sequential, rank=args.rank, draft_vocab_size=args.draft_vocab_size,
+        sequential=None if args.sequential == "none" else args.sequential, backbone=args.backbone, rank=args.rank,
+        draft_vocab_size=args.draft_vocab_size,
     )
     torch.manual_seed(args.seed)
     drafter = SemiARDrafter(config, target, draft_vocab=distill.frequent_tokens(records, args.draft_vocab_size, signature.vocab_size))

@@ -33,8 +33,11 @@ from tests.conftest import VOCAB, build_model
 TRAIN_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "train"
 
 
-def _drafter(target, sequential="markov", block_size=4) -> SemiARDrafter:
-    config = SemiARConfig(target=TargetSignature.of(target), target_layers=(1, 2), block_size=block_size, num_heads=4, intermediate_size=64, rank=8, sequential=sequential)
+def _drafter(target, sequential="markov", block_size=4, backbone="parallel") -> SemiARDrafter:
+    config = SemiARConfig(
+        target=TargetSignature.of(target), target_layers=(1, 2), block_size=block_size, num_heads=4, intermediate_size=64, rank=8,
+        sequential=sequential, backbone=backbone,
+    )
     torch.manual_seed(0)
     return SemiARDrafter(config, target)
 
@@ -97,10 +100,10 @@ def test_sample_anchors_leave_room_for_a_block():
     assert sample_anchors(prompt_length=5, length=8, block_size=4, count=3, generator=torch.Generator()) is None
 
 
-@pytest.mark.parametrize("sequential", ["markov", "rnn", None])
-def test_training_outputs_equal_inference_drafts(llama, sequential):
+@pytest.mark.parametrize("sequential, backbone", [("markov", "parallel"), ("rnn", "parallel"), (None, "parallel"), (None, "autoregressive"), ("rnn", "autoregressive")])
+def test_training_outputs_equal_inference_drafts(llama, sequential, backbone):
     """Teacher-forced training outputs at an anchor equal what propose computes there (same function)."""
-    drafter = _drafter(llama, sequential).eval()
+    drafter = _drafter(llama, sequential, backbone=backbone).eval()
     with torch.no_grad():
         drafter.transition_out.normal_(0, 0.5)
     tokens = torch.randint(3, 60, (1, 30), generator=torch.Generator().manual_seed(2))

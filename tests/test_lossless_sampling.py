@@ -63,8 +63,8 @@ def models():
     return build_model("llama", seed=0, vocab_size=VOCAB, initializer_range=0.5), build_model("llama", seed=11, vocab_size=VOCAB, initializer_range=0.5)
 
 
-def _semi_ar_drafter(target) -> SemiARDrafter:
-    config = SemiARConfig(target=TargetSignature.of(target), target_layers=(1, 2), block_size=2, num_heads=4, intermediate_size=32, rank=4)
+def _semi_ar_drafter(target, backbone: str = "parallel") -> SemiARDrafter:
+    config = SemiARConfig(target=TargetSignature.of(target), target_layers=(1, 2), block_size=2, num_heads=4, intermediate_size=32, rank=4, backbone=backbone)
     torch.manual_seed(3)
     drafter = SemiARDrafter(config, target)
     with torch.no_grad():
@@ -73,7 +73,7 @@ def _semi_ar_drafter(target) -> SemiARDrafter:
 
 
 @pytest.mark.parametrize("warping", range(len(WARPINGS)))
-@pytest.mark.parametrize("drafter_kind", ["draft-model", "prompt-lookup", "semi-ar"])
+@pytest.mark.parametrize("drafter_kind", ["draft-model", "prompt-lookup", "semi-ar", "autoregressive-head"])
 def test_sampled_tokens_follow_the_target_law(models, warping, drafter_kind):
     """The first two sampled tokens pass a G-test against the target's exact warped joint law."""
     target, draft_model = models
@@ -82,6 +82,7 @@ def test_sampled_tokens_follow_the_target_law(models, warping, drafter_kind):
         "draft-model": lambda: DraftModelDrafter(draft_model),
         "prompt-lookup": lambda: PromptLookupDrafter(max_ngram=2),
         "semi-ar": lambda: _semi_ar_drafter(target),
+        "autoregressive-head": lambda: _semi_ar_drafter(target, backbone="autoregressive"),
     }[drafter_kind]()
     result = _sample(target, drafter, sampling, seed=warping, max_draft_tokens=2)
     assert result.stats.tau > 1.1, "drafts must be accepted often enough for the test to exercise acceptance"

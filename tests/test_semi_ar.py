@@ -19,14 +19,14 @@ def _drafter(target, seed: int = 0, **overrides) -> SemiARDrafter:
     return drafter.eval()
 
 
-@pytest.mark.parametrize("sequential", ["markov", "rnn", None])
+@pytest.mark.parametrize("sequential, backbone", [("markov", "parallel"), ("rnn", "parallel"), (None, "parallel"), (None, "autoregressive"), ("markov", "autoregressive")])
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
-def test_greedy_equals_hf_generate(architecture, sequential):
-    """Any semi-AR drafter (here untrained) reproduces HF greedy output on mixed-length batches."""
+def test_greedy_equals_hf_generate(architecture, sequential, backbone):
+    """Any semi-AR drafter (here untrained) and the autoregressive-head ablation reproduce HF greedy output."""
     target = build_model(architecture)
     input_ids, attention_mask = left_padded_batch([7, 12, 3])
     expected = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=20, do_sample=False)
-    drafter = _drafter(target, sequential=sequential)
+    drafter = _drafter(target, sequential=sequential, backbone=backbone)
     for policy in (None, Threshold(0.5)):
         result = dspark.wrap(target, drafter, policy=policy, confidence=None if policy is None else DrafterConfidence()).generate(
             input_ids, attention_mask=attention_mask, max_new_tokens=20
@@ -83,7 +83,7 @@ def test_loading_for_another_target_is_refused(tmp_path, llama):
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [({"sequential": "lstm"}, "sequential"), ({"target_layers": ()}, "target_layers"), ({"num_heads": 5}, "num_heads"), ({"draft_vocab_size": 0}, "draft_vocab_size"), ({"block_size": 0}, "block_size")],
+    [({"sequential": "lstm"}, "sequential"), ({"backbone": "tree"}, "backbone"), ({"target_layers": ()}, "target_layers"), ({"num_heads": 5}, "num_heads"), ({"draft_vocab_size": 0}, "draft_vocab_size"), ({"block_size": 0}, "block_size")],
 )
 def test_bad_configs_are_refused(llama, overrides, message):
     """Invalid configuration values raise ValueError naming the field."""

@@ -14,6 +14,9 @@ from p_k = softmax(U_k + B_k) (eq. 4):
   linear map of z_k = [s_{k−1}; W1[x_{k−1}]; h_k] (eq. 6);
 * ``None``: B_k = 0, the parallel-only (DFlash-like) ablation.
 
+``backbone="autoregressive"`` is the EAGLE/MTP-like ablation: the same layers read
+[E(x_0), E(x_1), …, E(x_{k−1})] causally and are run again for every drafted position.
+
 The confidence head gives c_k = σ(wᵀ [h_k; W1[x_{k−1}]]) (eq. 7): it sees x_{k−1}, never x_k, so a
 policy reading it stays non-anticipating. The embedding and LM head are the target's, shared and
 frozen; the draft vocabulary is the N most frequent target tokens (q = 0 outside it, which keeps
@@ -38,6 +41,7 @@ from dspark.verify.warping import draw, warped_probs
 __all__ = ["SemiARConfig", "SemiARDrafter", "TargetSignature"]
 
 SEQUENTIAL_HEADS = ("markov", "rnn", None)
+BACKBONES = ("parallel", "autoregressive")
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
@@ -71,12 +75,15 @@ class SemiARConfig:
     num_heads: int = attrs.field(default=4, validator=int_at_least(1))
     intermediate_size: int = attrs.field(default=1024, validator=int_at_least(1))
     sequential: str | None = attrs.field(default="markov")
+    backbone: str = "parallel"
     rank: int = attrs.field(default=64, validator=int_at_least(1))
     draft_vocab_size: int | None = None
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
 
     def __attrs_post_init__(self):
+        if self.backbone not in BACKBONES:
+            raise ValueError(f"backbone must be one of {BACKBONES}, got {self.backbone!r}")
         if self.sequential not in SEQUENTIAL_HEADS:
             raise ValueError(f"sequential must be one of {SEQUENTIAL_HEADS}, got {self.sequential!r}")
         if not self.target_layers:
@@ -235,24 +242,27 @@ class SemiARDrafter(nn.Module):
             self._context.cache.update(keys, values, index)
         self._context.commit(feature_mask)
 
-    def backbone(self, anchors: torch.Tensor, width: int) -> torch.Tensor:
-        """Hidden states h_1..h_width [R, width, d] of the block [E(anchor), mask, …]."""
-        rows = anchors.shape[0]
-        anchor = self._embed(anchors[:, None])
-        block = torch.cat([anchor, self.mask_embedding.expand(rows, width - 1, -1)], dim=1)
-        positions = self._context.lengths[:, None] + torch.arange(width, device=anchors.device)
+    def backbone(self, block: torch.Tensor, causal: bool) -> torch.Tensor:
+        """Hidden states [R, W, d] of the block embeddings [R, W, d] placed right after the context:
+        bidirectional inside the block (parallel backbone) or causal (autoregressive ablation)."""
+        rows, width = block.shape[:2]
+        positions = self._context.lengths[:, None] + torch.arange(width, device=block.device)
         layer_caches = list(self._context.cache) if self._context.slots else []
-        # Every block position sees all live context and the whole block, bidirectionally.
-        visible = torch.cat([self._context.live.bool(), torch.ones((rows, width), dtype=torch.bool, device=anchors.device)], dim=1)
-        visible = visible[:, None, :].expand(rows, width, -1)
+        inside = torch.ones((width, width), dtype=torch.bool, device=block.device)
+        inside = inside.tril() if causal else inside
+        visible = torch.cat([self._context.live.bool()[:, None, :].expand(rows, width, -1), inside.expand(rows, -1, -1)], dim=2)
         for index, layer in enumerate(self.layers):
             if layer_caches:
                 context_keys, context_values, _ = layer_caches[index]
             else:
-                empty = block.new_zeros((rows, layer.heads, 0, block.shape[-1] // layer.heads))
-                context_keys = context_values = empty
+                context_keys = context_values = block.new_zeros((rows, layer.heads, 0, block.shape[-1] // layer.heads))
             block = layer(block, positions, context_keys, context_values, visible)
         return self.final_norm(block)
+
+    def _base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """U = h · E_outᵀ over the draft vocabulary, float32; hidden [R, W, d]."""
+        # head·hᵀ rather than h·headᵀ: for a few rows and a wide head, BLAS runs it 2x faster on CPU.
+        return (self._head_weight().to(hidden.dtype) @ hidden.transpose(1, 2)).transpose(1, 2).float()
 
     def transition_bias(self, previous: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None):
         """(B_k [R, N], next recurrent state, W1[x_{k−1}]) for the configured sequential head."""
@@ -281,20 +291,27 @@ class SemiARDrafter(nn.Module):
         context = self.context_norm(self.context_projection(features.to(self.context_projection.weight.dtype)))
         context_positions = torch.arange(length, device=tokens.device).expand(batch, length)
         block_positions = (anchors[:, :, None] + offsets).reshape(batch, anchors_per_row * width)
-        anchor_embeddings = self._embed(tokens.gather(1, anchors))
-        block = torch.cat([anchor_embeddings[:, :, None], self.mask_embedding.expand(batch, anchors_per_row, width - 1, -1)], dim=2)
-        block = block.reshape(batch, anchors_per_row * width, -1)
+        previous = tokens.gather(1, block_positions)
+        if self.config.backbone == "parallel":
+            anchor_embeddings = self._embed(tokens.gather(1, anchors))
+            block = torch.cat([anchor_embeddings[:, :, None], self.mask_embedding.expand(batch, anchors_per_row, width - 1, -1)], dim=2)
+            block = block.reshape(batch, anchors_per_row * width, -1)
+        else:  # teacher forcing: position k reads the true x_{a+k−1}
+            block = self._embed(previous)
         sees_context = torch.arange(length, device=tokens.device)[None, None, :] < anchors[:, :, None]
         sees_context = sees_context.repeat_interleave(width, dim=1)
         block_of = torch.arange(anchors_per_row * width, device=tokens.device) // width
-        sees_block = (block_of[:, None] == block_of[None, :]).expand(batch, -1, -1)
+        sees_block = block_of[:, None] == block_of[None, :]
+        if self.config.backbone == "autoregressive":
+            sees_block = sees_block & torch.ones_like(sees_block).tril()
+        sees_block = sees_block.expand(batch, -1, -1)
         visible = torch.cat([sees_context, sees_block], dim=2)
         for layer in self.layers:
             context_keys, context_values = layer.context_keys_values(context, context_positions)
             block = layer(block, block_positions, context_keys, context_values, visible)
         hidden = self.final_norm(block).reshape(batch, anchors_per_row, width, -1)
         base_logits = hidden @ self._head_weight().T.to(hidden.dtype)
-        previous = tokens.gather(1, block_positions).reshape(batch, anchors_per_row, width)
+        previous = previous.reshape(batch, anchors_per_row, width)
         state = hidden.new_zeros((batch, anchors_per_row, self.config.rank)) if self.config.sequential == "rnn" else None
         logits, confidence = [], []
         for k in range(width):
@@ -320,20 +337,26 @@ class SemiARDrafter(nn.Module):
         if context.features is not None and context.features.shape[1] > 0:
             self.extend_context(context.features, context.feature_mask)
         rows, device = context.rows.numel(), context.tokens.device
-        # The backbone always sees the block width it was trained with; only the first max_tokens are drafted.
+        # The parallel backbone always sees the block width it was trained with; only the first max_tokens are drafted.
         max_tokens = min(max_tokens, self.config.block_size)
-        hidden = self.backbone(context.anchors, self.config.block_size)
-        # head·hᵀ rather than h·headᵀ: for a few rows and a wide head, BLAS runs it 2x faster on CPU.
-        base_logits = (self._head_weight().to(hidden.dtype) @ hidden.transpose(1, 2)).transpose(1, 2).float()
+        parallel = self.config.backbone == "parallel"
+        if parallel:
+            anchor = self._embed(context.anchors[:, None])
+            hidden = self.backbone(torch.cat([anchor, self.mask_embedding.expand(rows, self.config.block_size - 1, -1)], dim=1), causal=False)
+            base_logits = self._base_logits(hidden)
         previous = context.anchors
-        state = hidden.new_zeros((rows, self.config.rank)) if self.config.sequential == "rnn" else None
+        state = self.mask_embedding.new_zeros((rows, self.config.rank)) if self.config.sequential == "rnn" else None
         tokens, probs, confidence = [], [], []
         for k in range(max_tokens):
-            bias, state, previous_features = self.transition_bias(previous, hidden[:, k], state)
-            logits = base_logits[:, k] if bias is None else base_logits[:, k] + bias.float()
+            if not parallel:  # the ablation re-runs its layers on [anchor, x_1..x_{k−1}] for every position
+                hidden = self.backbone(self._embed(torch.stack([context.anchors, *tokens], dim=1)), causal=True)[:, -1:]
+                base_logits = self._base_logits(hidden)
+            position = k if parallel else 0
+            bias, state, previous_features = self.transition_bias(previous, hidden[:, position], state)
+            logits = base_logits[:, position] if bias is None else base_logits[:, position] + bias.float()
             q = warped_probs(logits, context.sampling)
             choice = draw(q, context.sampling, context.generator)
-            confidence.append(torch.sigmoid(self.confidence_head(torch.cat([hidden[:, k], previous_features], dim=-1))).squeeze(-1))
+            confidence.append(torch.sigmoid(self.confidence_head(torch.cat([hidden[:, position], previous_features], dim=-1))).squeeze(-1))
             previous = self.draft_vocab[choice]
             tokens.append(previous)
             probs.append(torch.zeros((rows, self.vocab_size), device=device).index_copy_(1, self.draft_vocab, q))
