@@ -37,6 +37,9 @@ import dspark
 from dspark import pretrained
 from dspark.drafters import PromptLookupDrafter
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import encode_chat, generated_tokens, write_json  # noqa: E402
+
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,21 +89,7 @@ def _select_questions(path: Path, per_category: int) -> list[dict]:
 
 def _encode(tokenizer, questions: list[dict]) -> dict:
     """Chat-templated first turns, left-padded into one batch."""
-    texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": question["turns"][0]}], add_generation_prompt=True, tokenize=False)
-        for question in questions
-    ]
-    # The template already holds the special tokens; adding them again would change the prompt.
-    encoded = tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt")
-    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
-
-
-def _generated(sequences: torch.Tensor, prompt_length: int, eos_token_id: int) -> list[list[int]]:
-    """Each row's new tokens up to and including its first EOS (HF stops there, dspark pads after it)."""
-    rows = []
-    for row in sequences[:, prompt_length:].tolist():
-        rows.append(row[: row.index(eos_token_id) + 1] if eos_token_id in row else row)
-    return rows
+    return encode_chat(tokenizer, [question["turns"][0] for question in questions])
 
 
 def _methods(target, gammas: list[int]) -> dict:
@@ -153,7 +142,7 @@ def _run_batch1(bundle, questions, methods, max_new_tokens):
         outputs, results = {}, {}
         for name, method in methods.items():
             sequences, stats, seconds = _timed(method, prompt, max_new_tokens)
-            outputs[name] = _generated(sequences, prompt_length, eos)[0]
+            outputs[name] = generated_tokens(sequences, prompt_length, eos)[0]
             results[name] = {
                 "new_tokens": len(outputs[name]),
                 "seconds": seconds,
@@ -213,7 +202,7 @@ def _run_batch(bundle, questions, methods, batch, max_new_tokens):
     results, outputs = {}, {}
     for name, method in tqdm(methods.items(), desc=f"batch {batch}", unit="method"):
         sequences, stats, seconds = _timed(method, prompt, max_new_tokens)
-        outputs[name] = _generated(sequences, prompt_length, eos)
+        outputs[name] = generated_tokens(sequences, prompt_length, eos)
         tokens = sum(len(row) for row in outputs[name])
         results[name] = {"new_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
         if stats is not None:
@@ -259,14 +248,6 @@ def _print_table(report) -> None:
         print(f"  mismatched rows: {section['mismatched_rows']}")
 
 
-def _write_json(path: Path, report: dict) -> None:
-    """Write through a temporary file so an interrupted run never leaves half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(partial, path)
-
-
 def main(argv: list[str] | None = None) -> dict:
     args = _parse_args(argv)
     # Other processes on a small CPU skew every timing; the load average makes that visible in the report.
@@ -305,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.batch:
         report["batch"] = _run_batch(bundle, questions, methods, args.batch, args.max_new_tokens)
     report["settings"]["load_average_1_5_15min"] = {"start": load_before, "end": os.getloadavg()}
-    _write_json(args.output, report)
+    write_json(args.output, report)
     _print_table(report)
     print(f"\nwrote {args.output}")
     return report

@@ -1,0 +1,210 @@
+"""Acceptance and speed of semi-autoregressive drafters on SmolLM2 (paper §4, Figure 2).
+
+For every drafter given as NAME=PATH (a ``SemiARDrafter.save_pretrained`` directory) — or, with
+``--untrained``, freshly initialised Markov / RNN / parallel-only / autoregressive-head drafters as a
+smoke test of the script — on Spec-Bench (every category), HumanEval and GSM8K test prompts, batch 1,
+γ verified in full (``FixedLength(γ)``):
+
+* τ and the conditional acceptance per draft position, P(k accepted | 1..k−1 accepted), greedy and
+  at temperature 1, plotted like the paper's Figure 2;
+* greedy tokens/s against HF ``generate`` and HF prompt lookup on the same prompts (outputs checked
+  token for token), and drafting time per step next to verification time.
+
+    python benchmarks/bench_drafters.py --drafter markov=drafters/smollm2-135m-instruct
+    python benchmarks/bench_drafters.py --untrained --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers.utils import logging as transformers_logging
+
+import dspark
+from dspark import pretrained
+from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature, distill
+from dspark.verify import FixedLength
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import encode_chat, generated_tokens, write_json  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ROOT.parent / "shared" / "data" / "eval"
+RESULTS = ROOT / "benchmarks" / "results"
+UNTRAINED = {"markov": ("markov", "parallel"), "rnn": ("rnn", "parallel"), "parallel_only": (None, "parallel"), "autoregressive_head": (None, "autoregressive")}
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--drafter", action="append", default=[], help="NAME=PATH of a saved SemiARDrafter (repeatable)")
+    parser.add_argument("--untrained", action="store_true", help="benchmark untrained drafters of every variant (smoke test)")
+    parser.add_argument("--spec-per-category", type=int, default=5)
+    parser.add_argument("--humaneval", type=int, default=20)
+    parser.add_argument("--gsm8k", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--gamma", type=int, default=7)
+    parser.add_argument("--modes", default="greedy,sample")
+    parser.add_argument("--quick", action="store_true", help="1 prompt per category, 2 HumanEval, 2 GSM8K, 32 tokens")
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.spec_per_category, args.humaneval, args.gsm8k, args.max_new_tokens = 1, 2, 2, 32
+    if not args.drafter and not args.untrained:
+        parser.error("give --drafter NAME=PATH (repeatable) or --untrained")
+    args.output = args.output or RESULTS / ("bench_drafters_quick.json" if args.quick else "bench_drafters.json")
+    return args
+
+
+def _prompts(args) -> list[dict]:
+    """(set, category, message) for the evaluation prompts: first Spec-Bench turns, HumanEval, GSM8K test."""
+    prompts, taken = [], collections.Counter()
+    for line in (EVAL / "spec_bench.jsonl").read_text().splitlines():
+        question = json.loads(line)
+        if taken[question["category"]] < args.spec_per_category:
+            taken[question["category"]] += 1
+            prompts.append({"set": "spec_bench", "category": question["category"], "message": question["turns"][0]})
+    for line in (EVAL / "humaneval.jsonl").read_text().splitlines()[: args.humaneval]:
+        prompts.append({"set": "humaneval", "category": "humaneval", "message": "Complete this Python function:\n\n" + json.loads(line)["prompt"]})
+    for line in (EVAL / "gsm8k_test.jsonl").read_text().splitlines()[: args.gsm8k]:
+        prompts.append({"set": "gsm8k", "category": "gsm8k", "message": json.loads(line)["question"]})
+    return prompts
+
+
+def _drafters(args, target) -> dict:
+    drafters = {}
+    for spec in args.drafter:
+        name, _, path = spec.partition("=")
+        drafters[name] = SemiARDrafter.from_pretrained(path, target=target)
+    if args.untrained:
+        for name, (sequential, backbone) in UNTRAINED.items():
+            config = SemiARConfig(
+                target=TargetSignature.of(target), target_layers=distill.default_target_layers(target.config.num_hidden_layers),
+                block_size=args.gamma, num_heads=target.config.num_attention_heads, sequential=sequential, backbone=backbone,
+            )
+            torch.manual_seed(0)
+            drafters[name] = SemiARDrafter(config, target).eval()
+    return drafters
+
+
+class _Acceptance:
+    """Running counts of verified, reached and accepted draft tokens per position, and step times."""
+
+    def __init__(self, gamma: int):
+        self.reached, self.accepted = torch.zeros(gamma), torch.zeros(gamma)
+        self.tokens = self.row_steps = 0
+        self.draft_seconds = self.verify_seconds = 0.0
+
+    def add(self, stats) -> None:
+        positions = torch.arange(1, self.reached.numel() + 1)
+        for record in stats.records:
+            verified = positions[None, :] <= record.verify_lengths[:, None]
+            self.reached += (verified & (record.accepted[:, None] >= positions - 1)).sum(dim=0)
+            self.accepted += (verified & (record.accepted[:, None] >= positions)).sum(dim=0)
+        self.tokens += stats.new_tokens
+        self.row_steps += sum(record.rows.numel() for record in stats.records)
+        self.draft_seconds += stats.draft_seconds
+        self.verify_seconds += stats.verify_seconds
+
+    def summary(self) -> dict:
+        rates = (self.accepted / self.reached.clamp_min(1)).tolist()
+        return {
+            "tau": self.tokens / max(self.row_steps, 1),
+            "position_acceptance": rates,
+            "draft_ms_per_step": 1000 * self.draft_seconds / max(self.row_steps, 1),
+            "verify_ms_per_step": 1000 * self.verify_seconds / max(self.row_steps, 1),
+        }
+
+
+def _timed(function):
+    started = time.perf_counter()
+    output = function()
+    return output, time.perf_counter() - started
+
+
+def _plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    modes = list(report["acceptance"])
+    figure, axes = pyplot.subplots(1, len(modes), figsize=(5 * len(modes), 4), squeeze=False)
+    for axis, mode in zip(axes[0], modes):
+        for name, summary in report["acceptance"][mode].items():
+            rates = summary["position_acceptance"]
+            axis.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{name} (τ {summary['tau']:.2f})")
+        axis.set(title=f"{mode}: P(k accepted | 1..k−1 accepted)", xlabel="draft position k", ylabel="conditional acceptance", ylim=(0, 1))
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parse_args(argv)
+    transformers_logging.disable_progress_bar()
+    bundle = pretrained.load()
+    bundle.tokenizer.padding_side = "left"
+    target, eos = bundle.target, bundle.target.generation_config.eos_token_id
+    drafters, prompts = _drafters(args, target), _prompts(args)
+    modes = [mode for mode in args.modes.split(",") if mode]
+    acceptance = {mode: {name: _Acceptance(args.gamma) for name in drafters} for mode in modes}
+    speed = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))  # category -> method -> [tokens, s]
+
+    def record_speed(category, method, tokens, seconds):
+        speed[category][method][0] += len(tokens)
+        speed[category][method][1] += seconds
+
+    mismatches = []
+    for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
+        encoded = encode_chat(bundle.tokenizer, [prompt["message"]])
+        length = encoded["input_ids"].shape[1]
+        sequences, seconds = _timed(lambda: target.generate(**encoded, max_new_tokens=args.max_new_tokens, do_sample=False))
+        reference = generated_tokens(sequences, length, eos)[0]
+        record_speed(prompt["category"], "hf_generate", reference, seconds)
+        sequences, seconds = _timed(lambda: target.generate(**encoded, max_new_tokens=args.max_new_tokens, do_sample=False, prompt_lookup_num_tokens=10))
+        record_speed(prompt["category"], "hf_prompt_lookup", generated_tokens(sequences, length, eos)[0], seconds)
+        for name, drafter in drafters.items():
+            model = dspark.wrap(target, drafter, policy=FixedLength(args.gamma))
+            for mode in modes:
+                sampling = {"do_sample": True, "generator": torch.Generator().manual_seed(index)} if mode == "sample" else {}
+                result, seconds = _timed(lambda: model.generate(**encoded, max_new_tokens=args.max_new_tokens, **sampling))
+                acceptance[mode][name].add(result.stats)
+                if mode == "greedy":
+                    tokens = generated_tokens(result.sequences, length, eos)[0]
+                    record_speed(prompt["category"], name, tokens, seconds)
+                    if tokens != reference:
+                        mismatches.append({"prompt": index, "drafter": name})
+    methods = ["hf_generate", "hf_prompt_lookup", *drafters]
+    tokens_per_s = {
+        category: {method: counts[method][0] / counts[method][1] for method in methods if counts[method][1]} for category, counts in speed.items()
+    }
+    overall = {method: sum(speed[c][method][0] for c in speed) / sum(speed[c][method][1] for c in speed) for method in methods}
+    report = {
+        "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["bench_drafters.py", *argv]),
+        "settings": {"gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "drafters": list(drafters), "modes": modes},
+        "acceptance": {mode: {name: counter.summary() for name, counter in by_name.items()} for mode, by_name in acceptance.items()},
+        "greedy_tokens_per_s": {"overall": overall, "categories": tokens_per_s},
+        "speedup_vs_hf_generate": {method: overall[method] / overall["hf_generate"] for method in methods},
+        "greedy_mismatches": mismatches,
+    }
+    write_json(args.output, report)
+    _plot(report, args.output.with_suffix(".png"))
+    for mode in modes:
+        for name, summary in report["acceptance"][mode].items():
+            rates = " ".join(f"{rate:.2f}" for rate in summary["position_acceptance"])
+            print(f"{mode:7s} {name:20s} τ {summary['tau']:.2f}  per position {rates}  draft {summary['draft_ms_per_step']:.1f} ms / verify {summary['verify_ms_per_step']:.1f} ms")
+    print("greedy speedup vs HF generate:", {method: round(value, 2) for method, value in report["speedup_vs_hf_generate"].items()})
+    print(f"greedy mismatches: {len(mismatches)}; wrote {args.output} and {args.output.with_suffix('.png')}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
