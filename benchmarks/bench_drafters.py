@@ -103,11 +103,9 @@ class _Acceptance:
         self.draft_seconds = self.verify_seconds = 0.0
 
     def add(self, stats) -> None:
-        positions = torch.arange(1, self.reached.numel() + 1)
-        for record in stats.records:
-            verified = positions[None, :] <= record.verify_lengths[:, None]
-            self.reached += (verified & (record.accepted[:, None] >= positions - 1)).sum(dim=0)
-            self.accepted += (verified & (record.accepted[:, None] >= positions)).sum(dim=0)
+        reached, accepted = stats.position_counts()
+        self.reached += reached
+        self.accepted += accepted
         self.tokens += stats.new_tokens
         self.row_steps += sum(record.rows.numel() for record in stats.records)
         self.draft_seconds += stats.draft_seconds

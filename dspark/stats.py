@@ -117,6 +117,12 @@ class GenerationStats:
     @property
     def position_acceptance(self) -> torch.Tensor:
         """P(position k accepted | positions 1..k-1 accepted) over verified tokens, FloatTensor[γ]; NaN where never reached."""
+        reached, accepted = self.position_counts()
+        return accepted / reached
+
+    def position_counts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(reached, accepted) verified-token counts per draft position 1..γ, FloatTensor[γ] each; sums over
+        several generations give their pooled conditional acceptance."""
         reached = torch.zeros(self.max_draft_tokens)
         accepted = torch.zeros(self.max_draft_tokens)
         positions = torch.arange(1, self.max_draft_tokens + 1)
@@ -124,7 +130,7 @@ class GenerationStats:
             verified = positions[None, :] <= record.verify_lengths[:, None]
             reached += (verified & (record.accepted[:, None] >= positions[None, :] - 1)).sum(dim=0)
             accepted += (verified & (record.accepted[:, None] >= positions[None, :])).sum(dim=0)
-        return accepted / reached
+        return reached, accepted
 
     def summary(self) -> dict:
         """Plain numbers for logs and JSON."""
