@@ -44,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--regenerate-only", action="store_true", help="stop after regenerating the data")
     train.add_argument("--steps", type=int, default=2000)
     train.add_argument("--learning-rate", type=float, default=3e-4)
+    train.add_argument("--warmup-steps", type=int, default=50)
+    train.add_argument("--sequences-per-step", type=int, default=4)
+    train.add_argument("--anchors-per-sequence", type=int, default=16, help="anchor blocks drawn from each sequence per step")
+    train.add_argument("--top-k", type=int, default=32, help="target tokens kept per position for the TV and confidence losses")
+    train.add_argument("--max-sequence-tokens", type=int, default=768)
     train.add_argument("--block-size", type=int, default=7, help="γ")
     train.add_argument("--sequential", default="markov", choices=["markov", "rnn", "none"])
     train.add_argument("--backbone", default="parallel", choices=["parallel", "autoregressive"], help="autoregressive: the EAGLE/MTP-like ablation")
@@ -139,12 +144,20 @@ def _train(args) -> None:
     )
     torch.manual_seed(args.seed)
     drafter = SemiARDrafter(config, target, draft_vocab=distill.frequent_tokens(records, args.draft_vocab_size, signature.vocab_size))
-    train_config = distill.TrainConfig(steps=args.steps, learning_rate=args.learning_rate, seed=args.seed)
+    store_dir = work_dir / f"targets-{'-'.join(map(str, layers))}"
+    with tqdm(total=len(records), desc="target features", unit="sequence") as bar:
+        store = distill.build_target_store(
+            target, records, layers, top_k=args.top_k, max_sequence_tokens=args.max_sequence_tokens, directory=store_dir, progress=bar,
+        )
+    train_config = distill.TrainConfig(
+        steps=args.steps, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, sequences_per_step=args.sequences_per_step,
+        anchors_per_sequence=args.anchors_per_sequence, seed=args.seed,
+    )
     started = time.perf_counter()
     with tqdm(total=args.steps, desc="training drafter", unit="step") as bar:
         # One checkpoint folder per drafter shape, so a changed configuration never resumes a mismatched run.
         checkpoint = work_dir / f"checkpoint-{hashlib.sha256(config.to_json().encode()).hexdigest()[:10]}"
-        history = distill.train(drafter, target, records, train_config, checkpoint_dir=checkpoint, progress=bar, log=tqdm.write)
+        history = distill.train(drafter, store, train_config, checkpoint_dir=checkpoint, progress=bar, log=tqdm.write)
     drafter.save_pretrained(args.output, dtype=torch.float16)
     print(f"saved to {args.output} after {time.perf_counter() - started:.0f} s; last step: {history[-1] if history else 'resumed at the end'}")
 

@@ -112,9 +112,15 @@ def wrap(
     cost_model: CostModel | None = None,
     max_draft_tokens: int | None = None,
 ) -> SpeculativeModel:
-    """Compose ``drafter`` with a policy (default: verify every drafted token), an optional confidence
-    estimator and a cost model around ``model``. γ defaults to the policy's ``max_length`` when it has one,
-    else to the drafter's ``default_draft_tokens``, else ``DEFAULT_DRAFT_TOKENS``."""
+    """Compose ``drafter`` with a policy, an optional confidence estimator and a cost model around ``model``.
+
+    With no ``policy``, the drafter's own ``default_policy`` (and ``default_confidence``, unless
+    ``confidence`` is given) is used when it declares one, else every drafted token is verified.
+    γ defaults to the policy's ``max_length`` when it has one, else to the drafter's
+    ``default_draft_tokens``, else ``DEFAULT_DRAFT_TOKENS``."""
+    if policy is None and getattr(drafter, "default_policy", None) is not None:
+        policy = drafter.default_policy
+        confidence = getattr(drafter, "default_confidence", None) if confidence is None else confidence
     if max_draft_tokens is None:
         max_draft_tokens = getattr(policy, "max_length", None)
     if max_draft_tokens is None:

@@ -15,6 +15,7 @@ from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature
 from dspark.drafters.distill import (
     PromptRecord,
     TrainConfig,
+    build_target_store,
     default_target_layers,
     distillation_loss,
     frequent_tokens,
@@ -77,7 +78,8 @@ def test_loss_vanishes_when_draft_equals_target():
     logits = torch.randn(3, 4, 10)
     probs = logits.softmax(dim=-1)
     tokens = torch.randint(0, 10, (3, 4))
-    loss, terms = distillation_loss(logits, torch.full((3, 4), 0.999), probs, tokens, torch.arange(10))
+    ids = torch.arange(10).expand(3, 4, 10)
+    loss, terms = distillation_loss(logits, torch.full((3, 4), 0.999), ids, probs, tokens, torch.arange(10))
     assert terms["tv"] == pytest.approx(0.0, abs=1e-5)
     assert terms["acceptance"] == pytest.approx(1.0, abs=1e-5)
     expected_ce = (-(probs.gather(-1, tokens[..., None]).squeeze(-1).log()) * position_weights(4)).sum(-1).mean()
@@ -88,7 +90,7 @@ def test_loss_counts_mass_outside_the_draft_vocabulary():
     """Target mass outside the draft vocabulary is total variation the drafter cannot remove."""
     target_probs = torch.tensor([[[0.5, 0.3, 0.2]]])
     draft_logits = torch.log(torch.tensor([[[0.625, 0.375]]]))  # p_t restricted to {0, 1}, renormalised
-    _, terms = distillation_loss(draft_logits, torch.tensor([[0.5]]), target_probs, torch.tensor([[2]]), torch.tensor([0, 1]))
+    _, terms = distillation_loss(draft_logits, torch.tensor([[0.5]]), torch.tensor([[[0, 1, 2]]]), target_probs, torch.tensor([[2]]), torch.tensor([0, 1]))
     assert terms["tv"] == pytest.approx(0.4, abs=1e-5)  # |.625−.5| + |.375−.3| + .2
     assert terms["ce"] == 0.0  # x* = 2 is outside the draft vocabulary
 
@@ -127,7 +129,7 @@ def test_short_training_run_lowers_the_loss(tmp_path):
     """Distilling a tiny drafter from a tiny target lowers the loss and raises predicted acceptance."""
     target = build_model("llama")
     drafter = _drafter(target)
-    history = train(drafter, target, _records(target), TrainConfig(steps=60, learning_rate=1e-2, warmup_steps=5, sequences_per_step=2, anchors_per_sequence=8), log=lambda line: None)
+    history = train(drafter, build_target_store(target, _records(target), drafter.target_layers), TrainConfig(steps=60, learning_rate=1e-2, warmup_steps=5, sequences_per_step=2, anchors_per_sequence=8), log=lambda line: None)
     first = sum(entry["loss"] for entry in history[:5]) / 5
     last = sum(entry["loss"] for entry in history[-5:]) / 5
     assert last < 0.9 * first
@@ -137,13 +139,13 @@ def test_short_training_run_lowers_the_loss(tmp_path):
 def test_training_resumes_from_its_checkpoint(tmp_path):
     """A rerun continues from the last checkpoint's step with the same weights."""
     target = build_model("llama")
-    records = _records(target, count=4)
+    store = build_target_store(target, _records(target, count=4), (1, 2))
     config = TrainConfig(steps=4, learning_rate=1e-3, warmup_steps=1, sequences_per_step=1, anchors_per_sequence=4, checkpoint_every=2)
-    train(_drafter(target), target, records, config, checkpoint_dir=tmp_path / "run", log=lambda line: None)
+    train(_drafter(target), store, config, checkpoint_dir=tmp_path / "run", log=lambda line: None)
     assert json.loads((tmp_path / "run" / "trainer_state.json").read_text()) == {"step": 4}
     saved = SemiARDrafter.from_pretrained(tmp_path / "run", target=target)
     logs = []
-    history = train(_drafter(target), target, records, TrainConfig(steps=6, learning_rate=1e-3, warmup_steps=1, sequences_per_step=1, anchors_per_sequence=4, checkpoint_every=2), checkpoint_dir=tmp_path / "run", log=logs.append)
+    history = train(_drafter(target), store, TrainConfig(steps=6, learning_rate=1e-3, warmup_steps=1, sequences_per_step=1, anchors_per_sequence=4, checkpoint_every=2), checkpoint_dir=tmp_path / "run", log=logs.append)
     assert logs[0].startswith("resumed from step 4") and [entry["step"] for entry in history] == [5, 6]
     resumed = SemiARDrafter.from_pretrained(tmp_path / "run", target=target)
     changed = [name for name, tensor in saved.state_dict().items() if not torch.equal(tensor, resumed.state_dict()[name])]
@@ -199,3 +201,20 @@ def test_fp16_checkpoint_round_trip(tmp_path, llama):
     loaded = SemiARDrafter.from_pretrained(tmp_path / "fp16", target=llama)
     assert loaded.transition_in.weight.dtype == torch.float32
     assert torch.allclose(loaded.transition_in.weight, drafter.transition_in.weight, atol=1e-3)
+
+
+def test_target_store_holds_the_targets_view_and_reuses_its_shards(tmp_path):
+    """The store keeps the target's features and top-K next-token law per sequence; a rerun reads its shards."""
+    target = build_model("llama")
+    records = _records(target, count=5, new_tokens=12)
+    store = build_target_store(target, records, (1, 2), top_k=4, directory=tmp_path / "store", shard_size=2)
+    assert sorted(path.name for path in (tmp_path / "store").iterdir()) == [f"shard-0000{index}.safetensors" for index in range(3)]
+    tokens = torch.tensor(records[3]["prompt_ids"] + records[3]["response_ids"])[None]
+    features, probs = target_features(target, tokens, (1, 2), torch.arange(5, tokens.shape[1]))
+    assert torch.equal(store[3].tokens, tokens[0]) and store[3].prompt_length == 6
+    assert torch.allclose(store[3].features.float(), features[0], atol=1e-2)
+    assert torch.allclose(store[3].top_probs, probs[0].topk(4).values) and torch.equal(store[3].top_ids.long(), probs[0].topk(4).indices)
+    reread = build_target_store(None, records, (1, 2), top_k=4, directory=tmp_path / "store", shard_size=2)  # no target needed
+    assert all(torch.equal(a.features, b.features) and torch.equal(a.top_ids, b.top_ids) for a, b in zip(store, reread))
+    recomputed = build_target_store(target, records, (1, 2), top_k=3, directory=tmp_path / "store", shard_size=2)
+    assert recomputed[0].top_ids.shape[-1] == 3

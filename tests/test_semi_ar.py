@@ -83,13 +83,22 @@ def test_loading_for_another_target_is_refused(tmp_path, llama):
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [({"sequential": "lstm"}, "sequential"), ({"backbone": "tree"}, "backbone"), ({"target_layers": ()}, "target_layers"), ({"num_heads": 5}, "num_heads"), ({"draft_vocab_size": 0}, "draft_vocab_size"), ({"block_size": 0}, "block_size")],
+    [({"sequential": "lstm"}, "sequential"), ({"backbone": "tree"}, "backbone"), ({"target_layers": ()}, "target_layers"), ({"num_heads": 5}, "num_heads"), ({"draft_vocab_size": 0}, "draft_vocab_size"), ({"block_size": 0}, "block_size"), ({"verify_threshold": 1.5}, "verify_threshold")],
 )
 def test_bad_configs_are_refused(llama, overrides, message):
     """Invalid configuration values raise ValueError naming the field."""
     arguments = {"target": TargetSignature.of(llama), "target_layers": (1,), **overrides}
     with pytest.raises(ValueError, match=message):
         SemiARConfig(**arguments)
+
+
+def test_wrap_uses_the_drafters_measured_default_policy(llama):
+    """wrap with no policy verifies every drafted token, or thresholds the confidence head when the config says so."""
+    plain = dspark.wrap(llama, _drafter(llama)).strategy
+    assert plain.policy == FixedLength(4) and plain.confidence is None and plain.max_draft_tokens == 4
+    thresholded = dspark.wrap(llama, _drafter(llama, verify_threshold=0.3)).strategy
+    assert thresholded.policy == Threshold(0.3) and isinstance(thresholded.confidence, DrafterConfidence) and thresholded.max_draft_tokens == 4
+    assert dspark.wrap(llama, _drafter(llama, verify_threshold=0.3), policy=FixedLength(2)).strategy.confidence is None
 
 
 def test_target_layers_beyond_the_target_are_refused(llama):

@@ -6,9 +6,10 @@
    drafter learns the target's own output; appended to a JSONL file, resumable.
 3. ``distillation_loss``: L = α_ce·L_ce + α_tv·L_tv + α_conf·L_conf with position weights
    w_k = exp(−(k−1)/γ) (eqs. 9–12), the confidence target c*_k = 1 − ½‖p_d − p_t‖₁ (eq. 8).
-4. ``train``: anchor blocks sampled from each regenerated sequence, target features and
-   distributions computed on the fly (the LM head only where a loss needs it), AdamW, periodic
-   safetensors checkpoints that a rerun resumes from.
+4. ``build_target_store``: one target forward per sequence gives its features and top-K next-token
+   distributions (the LM head only where a block can sit), kept as safetensors shards.
+5. ``train``: anchor blocks sampled from each stored sequence, AdamW, periodic safetensors
+   checkpoints that a rerun resumes from.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Iterator
 
 import attrs
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from dspark.drafters.semi_ar import SemiARDrafter
@@ -40,6 +42,8 @@ __all__ = [
     "position_weights",
     "distillation_loss",
     "target_features",
+    "TargetSequence",
+    "build_target_store",
     "train",
 ]
 
@@ -203,6 +207,7 @@ def position_weights(block_size: int) -> torch.Tensor:
 def distillation_loss(
     draft_logits: torch.Tensor,
     confidence: torch.Tensor,
+    target_ids: torch.Tensor,
     target_probs: torch.Tensor,
     target_tokens: torch.Tensor,
     draft_vocab: torch.Tensor,
@@ -211,22 +216,27 @@ def distillation_loss(
     """α_ce·L_ce + α_tv·L_tv + α_conf·L_conf (eqs. 9–12), averaged over blocks.
 
     ``draft_logits`` [..., γ, N] over the draft vocabulary ``draft_vocab`` [N]; ``confidence`` [..., γ];
-    ``target_probs`` [..., γ, V] the target's distributions p_t; ``target_tokens`` [..., γ] the tokens
-    x*_k it produced. Tokens outside the draft vocabulary have draft probability 0: they count fully
-    in ‖p_d − p_t‖₁ and are skipped by the cross-entropy.
+    the target's distributions p_t given sparsely as its top-K tokens ``target_ids`` [..., γ, K] with
+    probabilities ``target_probs`` [..., γ, K]; ``target_tokens`` [..., γ] the tokens x*_k it produced.
+
+    ‖p_d − p_t‖₁ is summed exactly over the K listed tokens; the unlisted remainder contributes
+    |p_d(rest) − p_t(rest)|, its lower bound, which is exact when K covers the vocabulary. Tokens
+    outside the draft vocabulary have p_d = 0: they count fully and are skipped by the cross-entropy.
     """
     block_size = draft_logits.shape[-2]
     w = position_weights(block_size).to(draft_logits.device)
     draft_log_probs = draft_logits.float().log_softmax(dim=-1)
     draft_probs = draft_log_probs.exp()
-    target_in_vocab = target_probs.float().gather(-1, draft_vocab.expand(*target_probs.shape[:-1], -1))
-    l1 = (draft_probs - target_in_vocab).abs().sum(dim=-1) + (1.0 - target_in_vocab.sum(dim=-1)).clamp_min(0.0)
+    vocab_size = int(max(target_ids.max(), target_tokens.max(), draft_vocab.max())) + 1
+    slot_of = torch.full((vocab_size,), -1, dtype=torch.long, device=draft_logits.device)
+    slot_of[draft_vocab] = torch.arange(draft_vocab.numel(), device=draft_logits.device)
+    listed_slots = slot_of[target_ids.long()]
+    draft_listed = draft_probs.gather(-1, listed_slots.clamp_min(0)) * (listed_slots >= 0)
+    target_listed = target_probs.float()
+    l1 = (draft_listed - target_listed).abs().sum(dim=-1) + (target_listed.sum(dim=-1) - draft_listed.sum(dim=-1)).abs()
     acceptance = (1.0 - 0.5 * l1).clamp(0.0, 1.0).detach()
-    vocab_index = torch.full((target_probs.shape[-1],), -1, dtype=torch.long, device=draft_logits.device)
-    vocab_index[draft_vocab] = torch.arange(draft_vocab.numel(), device=draft_logits.device)
-    index = vocab_index[target_tokens]
-    in_vocab = index >= 0
-    cross_entropy = -draft_log_probs.gather(-1, index.clamp_min(0)[..., None]).squeeze(-1) * in_vocab
+    token_slots = slot_of[target_tokens]
+    cross_entropy = -draft_log_probs.gather(-1, token_slots.clamp_min(0)[..., None]).squeeze(-1) * (token_slots >= 0)
     confidence_bce = torch.nn.functional.binary_cross_entropy(confidence.float().clamp(1e-6, 1 - 1e-6), acceptance, reduction="none")
     terms = {
         "ce": (cross_entropy * w).sum(dim=-1).mean(),
@@ -248,6 +258,99 @@ def target_features(target, tokens: torch.Tensor, layers: tuple[int, ...], posit
     return features.float().to(tokens.device), outputs.logits.float().softmax(dim=-1).to(tokens.device)
 
 
+@attrs.frozen(eq=False)
+class TargetSequence:
+    """What training needs from the target for one regenerated sequence, computed once.
+
+    ``tokens`` [L]; ``features`` [L, m·d] the hidden states of the drafter's target layers (fp16);
+    ``top_ids`` / ``top_probs`` [L − P + 1, K]: the target's K most likely next tokens after each
+    position from the last prompt token (P − 1) on, where every anchor block lives.
+    """
+
+    tokens: torch.Tensor
+    prompt_length: int
+    features: torch.Tensor
+    top_ids: torch.Tensor
+    top_probs: torch.Tensor
+
+
+def _target_sequence(target, record: dict, layers: tuple[int, ...], top_k: int, max_tokens: int) -> TargetSequence:
+    tokens = torch.tensor(record["prompt_ids"] + record["response_ids"])[:max_tokens]
+    prompt_length = min(len(record["prompt_ids"]), tokens.numel())
+    device = target.get_input_embeddings().weight.device
+    positions = torch.arange(prompt_length - 1, tokens.numel(), device=device)
+    features, probs = target_features(target, tokens[None].to(device), layers, positions)
+    top_probs, top_ids = probs[0].topk(min(top_k, probs.shape[-1]), dim=-1)
+    return TargetSequence(tokens, prompt_length, features[0].half().cpu(), top_ids.int().cpu(), top_probs.cpu())
+
+
+def build_target_store(
+    target,
+    records: list[dict],
+    layers: tuple[int, ...],
+    top_k: int = 32,
+    max_sequence_tokens: int = 768,
+    directory: str | Path | None = None,
+    shard_size: int = 64,
+    progress=None,
+) -> list[TargetSequence]:
+    """One ``TargetSequence`` per record: a single target forward each, instead of one per training step.
+
+    With ``directory``, shards of ``shard_size`` sequences are written as safetensors and reused by a
+    rerun (a shard is recomputed when its record ids, layers or K differ). ``progress``: tqdm-like bar.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k!r}")
+    directory = None if directory is None else Path(directory)
+    store = []
+    for start in range(0, len(records), shard_size):
+        shard = records[start : start + shard_size]
+        identity = json.dumps({"ids": [(r["id"], r["mode"]) for r in shard], "layers": list(layers), "top_k": top_k, "max_tokens": max_sequence_tokens})
+        path = None if directory is None else directory / f"shard-{start // shard_size:05d}.safetensors"
+        if path is not None and path.is_file() and _shard_identity(path) == identity:
+            store.extend(_read_shard(path, len(shard)))
+        else:
+            sequences = [_target_sequence(target, record, layers, top_k, max_sequence_tokens) for record in shard]
+            if path is not None:
+                _write_shard(path, sequences, identity)
+            store.extend(sequences)
+        if progress is not None:
+            progress.update(len(shard))
+    return store
+
+
+def _shard_identity(path: Path) -> str | None:
+    with safe_open(str(path), framework="pt") as handle:
+        return (handle.metadata() or {}).get("identity")
+
+
+def _write_shard(path: Path, sequences: list[TargetSequence], identity: str) -> None:
+    tensors = {}
+    for index, sequence in enumerate(sequences):
+        tensors |= {
+            f"{index}.tokens": sequence.tokens,
+            f"{index}.prompt_length": torch.tensor([sequence.prompt_length]),
+            f"{index}.features": sequence.features.contiguous(),
+            f"{index}.top_ids": sequence.top_ids.contiguous(),
+            f"{index}.top_probs": sequence.top_probs.contiguous(),
+        }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".partial")
+    save_file(tensors, str(staging), metadata={"identity": identity})
+    staging.rename(path)
+
+
+def _read_shard(path: Path, count: int) -> list[TargetSequence]:
+    tensors = load_file(str(path))
+    return [
+        TargetSequence(
+            tensors[f"{index}.tokens"], int(tensors[f"{index}.prompt_length"]), tensors[f"{index}.features"],
+            tensors[f"{index}.top_ids"], tensors[f"{index}.top_probs"],
+        )
+        for index in range(count)
+    ]
+
+
 @attrs.frozen
 class TrainConfig:
     """Optimisation settings of ``train``."""
@@ -257,7 +360,6 @@ class TrainConfig:
     warmup_steps: int = 50
     sequences_per_step: int = 4
     anchors_per_sequence: int = 16
-    max_sequence_tokens: int = 768
     weight_decay: float = 0.0
     gradient_clip: float = 1.0
     checkpoint_every: int = 100
@@ -265,12 +367,12 @@ class TrainConfig:
     seed: int = 0
 
 
-def _sequences_forever(records: list[dict], seed: int) -> Iterator[dict]:
+def _sequences_forever(items: list, seed: int) -> Iterator:
     rng = random.Random(seed)
     while True:
-        order = list(range(len(records)))
+        order = list(range(len(items)))
         rng.shuffle(order)
-        yield from (records[index] for index in order)
+        yield from (items[index] for index in order)
 
 
 def _learning_rate(config: TrainConfig, step: int) -> float:
@@ -316,20 +418,23 @@ def _load_checkpoint(drafter: SemiARDrafter, optimizer: torch.optim.Optimizer, d
 
 def train(
     drafter: SemiARDrafter,
-    target,
-    records: list[dict],
+    store: list[TargetSequence],
     config: TrainConfig,
     checkpoint_dir: str | Path | None = None,
     progress=None,
     log=print,
 ) -> list[dict]:
-    """Distil ``drafter`` from ``target`` on regenerated ``records``; returns one log entry per step.
+    """Distil ``drafter`` from the target's precomputed view ``store`` (see ``build_target_store``);
+    returns one log entry per step.
 
     Resumes from ``checkpoint_dir`` when it holds a checkpoint, and writes one every
     ``config.checkpoint_every`` steps and at the end. ``progress`` is an optional tqdm-like bar.
     """
-    if not records:
-        raise ValueError("records must hold at least one regenerated sequence, got none")
+    if not store:
+        raise ValueError("store must hold at least one target sequence, got none")
+    feature_width = len(drafter.target_layers) * drafter.config.hidden_size
+    if store[0].features.shape[-1] != feature_width:
+        raise ValueError(f"store features must have width {feature_width} (the drafter's target_layers), got {store[0].features.shape[-1]}")
     generator = torch.Generator().manual_seed(config.seed)
     trainable = [parameter for parameter in drafter.parameters() if parameter.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
@@ -338,7 +443,9 @@ def train(
     if checkpoint_dir is not None and (checkpoint_dir / "trainer_state.json").is_file():
         start = _load_checkpoint(drafter, optimizer, checkpoint_dir)
         log(f"resumed from step {start} in {checkpoint_dir}")
-    sequences = _sequences_forever(records, config.seed + start)
+    sequences = _sequences_forever(store, config.seed + start)
+    device, dtype = drafter.draft_vocab.device, drafter.mask_embedding.dtype
+    width = drafter.config.block_size
     history, last_log = [], time.monotonic()
     drafter.train()
     for step in range(start, config.steps):
@@ -347,22 +454,20 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         step_terms, used = [], 0
         while used < config.sequences_per_step:
-            record = next(sequences)
-            tokens = torch.tensor(record["prompt_ids"] + record["response_ids"])[: config.max_sequence_tokens]
-            anchors = sample_anchors(len(record["prompt_ids"]), tokens.numel(), drafter.config.block_size, config.anchors_per_sequence, generator)
+            sequence = next(sequences)
+            anchors = sample_anchors(sequence.prompt_length, sequence.tokens.numel(), width, config.anchors_per_sequence, generator)
             if anchors is None:
                 continue
             used += 1
-            device = drafter.draft_vocab.device
-            tokens, anchors = tokens.to(device), anchors.to(device)
-            block = anchors[:, None] + torch.arange(drafter.config.block_size, device=device)
-            needed = block.flatten().unique()
-            features, probs = target_features(target, tokens[None], drafter.target_layers, needed)
-            # Distribution of the k-th draft token: the target's prediction after position a + k − 1.
-            target_probs = probs[0].to(device)[torch.searchsorted(needed, block)]
-            target_tokens = tokens[block + 1]
-            logits, confidence = drafter.training_outputs(features, tokens[None], anchors[None])
-            loss, terms = distillation_loss(logits[0], confidence[0], target_probs, target_tokens, drafter.draft_vocab)
+            # Block position k of anchor a predicts the token after a + k: label row a + k − (P − 1).
+            block = anchors[:, None] + torch.arange(width)
+            rows = block - (sequence.prompt_length - 1)
+            tokens = sequence.tokens.to(device)
+            logits, confidence = drafter.training_outputs(sequence.features[None].to(device, dtype), tokens[None], anchors[None].to(device))
+            loss, terms = distillation_loss(
+                logits[0], confidence[0], sequence.top_ids[rows].to(device), sequence.top_probs[rows].to(device),
+                tokens[block.to(device) + 1], drafter.draft_vocab,
+            )
             (loss / config.sequences_per_step).backward()
             step_terms.append(terms | {"loss": float(loss.detach())})
         torch.nn.utils.clip_grad_norm_(trainable, config.gradient_clip)

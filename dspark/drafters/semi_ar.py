@@ -36,6 +36,8 @@ from torch import nn
 from dspark.checks import int_at_least
 from dspark.kv import RaggedCache
 from dspark.types import Draft, DraftContext, StepOutcome
+from dspark.verify.confidence import DrafterConfidence
+from dspark.verify.policies import FixedLength, Threshold
 from dspark.verify.warping import draw, warped_probs
 
 __all__ = ["SemiARConfig", "SemiARDrafter", "TargetSignature"]
@@ -80,6 +82,9 @@ class SemiARConfig:
     draft_vocab_size: int | None = None
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+    # The verify rule ``wrap`` uses when given no policy, chosen by measurement on calibration prompts:
+    # a threshold on the confidence head's survival when set, else every drafted token.
+    verify_threshold: float | None = None
 
     def __attrs_post_init__(self):
         if self.backbone not in BACKBONES:
@@ -90,6 +95,8 @@ class SemiARConfig:
             raise ValueError(f"target_layers must name at least one target layer, got {self.target_layers!r}")
         if self.target.hidden_size % self.num_heads:
             raise ValueError(f"num_heads must divide the target's hidden size {self.target.hidden_size}, got {self.num_heads!r}")
+        if self.verify_threshold is not None and (isinstance(self.verify_threshold, bool) or not 0.0 <= self.verify_threshold <= 1.0):
+            raise ValueError(f"verify_threshold must be None or a float in [0, 1], got {self.verify_threshold!r}")
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.target.vocab_size:
             raise ValueError(
                 f"draft_vocab_size must be None or in [1, {self.target.vocab_size}], got {self.draft_vocab_size!r}"
@@ -319,6 +326,20 @@ class SemiARDrafter(nn.Module):
             logits.append(base_logits[:, :, k] if bias is None else base_logits[:, :, k] + bias)
             confidence.append(torch.sigmoid(self.confidence_head(torch.cat([hidden[:, :, k], previous_features], dim=-1))).squeeze(-1))
         return torch.stack(logits, dim=2), torch.stack(confidence, dim=2)
+
+    # -- defaults for wrap ---------------------------------------------------------------------
+
+    @property
+    def default_policy(self):
+        """Threshold(verify_threshold) when the config names one, else FixedLength(γ)."""
+        if self.config.verify_threshold is None:
+            return FixedLength(self.config.block_size)
+        return Threshold(self.config.verify_threshold)
+
+    @property
+    def default_confidence(self):
+        """The confidence head (``DrafterConfidence``) when the default policy reads survival, else None."""
+        return None if self.config.verify_threshold is None else DrafterConfidence()
 
     # -- Drafter protocol ----------------------------------------------------------------------
 
