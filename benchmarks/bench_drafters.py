@@ -8,7 +8,9 @@ smoke test of the script — on Spec-Bench (every category), HumanEval and GSM8K
 * τ and the conditional acceptance per draft position, P(k accepted | 1..k−1 accepted), greedy and
   at temperature 1, plotted like the paper's Figure 2;
 * greedy tokens/s against HF ``generate`` and HF prompt lookup on the same prompts (outputs checked
-  token for token), and drafting time per step next to verification time.
+  token for token), and drafting time per step next to verification time;
+* for a drafter whose config names a measured default verify rule, the speed of
+  ``wrap(target, drafter)`` with that rule (``NAME_default``).
 
     python benchmarks/bench_drafters.py --drafter markov=drafters/smollm2-135m-instruct
     python benchmarks/bench_drafters.py --untrained --quick
@@ -39,6 +41,7 @@ from common import encode_chat, generated_tokens, write_json  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT.parent / "shared" / "data" / "eval"
 RESULTS = ROOT / "benchmarks" / "results"
+CHAT_CATEGORIES = ("writing", "roleplay", "reasoning", "stem", "humanities", "qa")
 UNTRAINED = {"markov": ("markov", "parallel"), "rnn": ("rnn", "parallel"), "parallel_only": (None, "parallel"), "autoregressive_head": (None, "autoregressive")}
 
 
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
         speed[category][method][0] += len(tokens)
         speed[category][method][1] += seconds
 
-    mismatches = []
+    mismatches, defaults = [], collections.defaultdict(lambda: _Acceptance(args.gamma))
     for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
         encoded = encode_chat(bundle.tokenizer, [prompt["message"]])
         length = encoded["input_ids"].shape[1]
@@ -180,17 +183,31 @@ def main(argv: list[str] | None = None) -> dict:
                     record_speed(prompt["category"], name, tokens, seconds)
                     if tokens != reference:
                         mismatches.append({"prompt": index, "drafter": name})
-    methods = ["hf_generate", "hf_prompt_lookup", *drafters]
+            if drafter.default_policy != FixedLength(args.gamma):
+                # The drafter's measured default verify rule (what wrap(target, drafter) gives), greedy only.
+                result, seconds = _timed(lambda: dspark.wrap(target, drafter).generate(**encoded, max_new_tokens=args.max_new_tokens))
+                tokens = generated_tokens(result.sequences, length, eos)[0]
+                record_speed(prompt["category"], f"{name}_default", tokens, seconds)
+                defaults[name].add(result.stats)
+                if tokens != reference:
+                    mismatches.append({"prompt": index, "drafter": f"{name}_default"})
+    methods = ["hf_generate", "hf_prompt_lookup", *drafters, *(f"{name}_default" for name in defaults)]
     tokens_per_s = {
         category: {method: counts[method][0] / counts[method][1] for method in methods if counts[method][1]} for category, counts in speed.items()
     }
-    overall = {method: sum(speed[c][method][0] for c in speed) / sum(speed[c][method][1] for c in speed) for method in methods}
+    def pooled(categories):
+        return {method: sum(speed[c][method][0] for c in categories) / sum(speed[c][method][1] for c in categories) for method in methods}
+
+    overall = pooled(list(speed))
+    chat = pooled([category for category in CHAT_CATEGORIES if category in speed]) if any(c in speed for c in CHAT_CATEGORIES) else {}
     report = {
         "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["bench_drafters.py", *argv]),
         "settings": {"gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "drafters": list(drafters), "modes": modes},
         "acceptance": {mode: {name: counter.summary() for name, counter in by_name.items()} for mode, by_name in acceptance.items()},
+        "default_policy": {name: {"policy": repr(drafters[name].default_policy), **counter.summary()} for name, counter in defaults.items()},
         "greedy_tokens_per_s": {"overall": overall, "categories": tokens_per_s},
         "speedup_vs_hf_generate": {method: overall[method] / overall["hf_generate"] for method in methods},
+        "chat_speedup_vs_hf_prompt_lookup": {method: chat[method] / chat["hf_prompt_lookup"] for method in chat},
         "greedy_mismatches": mismatches,
     }
     write_json(args.output, report)
@@ -200,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
             rates = " ".join(f"{rate:.2f}" for rate in summary["position_acceptance"])
             print(f"{mode:7s} {name:20s} τ {summary['tau']:.2f}  per position {rates}  draft {summary['draft_ms_per_step']:.1f} ms / verify {summary['verify_ms_per_step']:.1f} ms")
     print("greedy speedup vs HF generate:", {method: round(value, 2) for method, value in report["speedup_vs_hf_generate"].items()})
+    print("chat categories, speed vs HF prompt lookup:", {method: round(value, 2) for method, value in report["chat_speedup_vs_hf_prompt_lookup"].items()})
     print(f"greedy mismatches: {len(mismatches)}; wrote {args.output} and {args.output.with_suffix('.png')}")
     return report
 

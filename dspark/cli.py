@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-p", type=float, default=None)
     generate.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     train = commands.add_parser("train", help="distil a semi-autoregressive DSpark drafter from the model (resumable)")
-    train.add_argument("--output", required=True, help="directory for the trained drafter (safetensors + config.json)")
+    train.add_argument("--output", help="directory for the trained drafter (safetensors + config.json); needed unless --stage data")
     train.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
     train.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data" / "train"))
     train.add_argument("--work-dir", default=None, help="regenerated data and checkpoints (default: <cache>/distill/<model>)")
@@ -41,7 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--max-new-tokens", type=int, default=256)
     train.add_argument("--modes", default="greedy,sample", help="answers to regenerate: greedy and/or sample (temperature 1)")
     train.add_argument("--generate-batch-size", type=int, default=8)
-    train.add_argument("--regenerate-only", action="store_true", help="stop after regenerating the data")
+    train.add_argument(
+        "--stage", default="all", choices=["all", "data", "train"],
+        help="data: regenerate answers and build the target store, then stop; train: use the answers regenerated so far; all: both",
+    )
     train.add_argument("--steps", type=int, default=2000)
     train.add_argument("--learning-rate", type=float, default=3e-4)
     train.add_argument("--warmup-steps", type=int, default=50)
@@ -121,20 +124,22 @@ def _generate(args) -> None:
 
 
 def _train(args) -> None:
-    bundle = pretrained.load(args.model)
-    target, signature = bundle.target, TargetSignature.of(bundle.target)
+    target, tokenizer = pretrained.load_target(args.model)
+    signature = TargetSignature.of(target)
     work_dir = Path(args.work_dir) if args.work_dir else pretrained.default_cache_dir() / "distill" / args.model
-    prompts = distill.training_prompts(args.data_dir, "train", limit=args.prompts, seed=args.seed)
-    modes = tuple(mode for mode in args.modes.split(",") if mode)
-    with tqdm(total=len(prompts) * len(modes), desc="regenerating answers", unit="prompt") as bar:
-        data = distill.regenerate(
-            target, bundle.tokenizer, prompts, work_dir / "data.jsonl", max_new_tokens=args.max_new_tokens, modes=modes,
-            batch_size=args.generate_batch_size, seed=args.seed, progress=bar,
-        )
+    data = work_dir / "data.jsonl"
+    if args.stage != "train":
+        prompts = distill.training_prompts(args.data_dir, "train", limit=args.prompts, seed=args.seed)
+        modes = tuple(mode for mode in args.modes.split(",") if mode)
+        with tqdm(total=len(prompts) * len(modes), desc="regenerating answers", unit="prompt") as bar:
+            distill.regenerate(
+                target, tokenizer, prompts, data, max_new_tokens=args.max_new_tokens, modes=modes,
+                batch_size=args.generate_batch_size, seed=args.seed, progress=bar,
+            )
+    if not data.is_file():
+        raise SystemExit(f"no regenerated answers in {data}: run with --stage data or all first")
     records = distill.read_sequences(data)
     print(f"{len(records)} regenerated sequences, {sum(len(r['response_ids']) for r in records)} response tokens in {data}")
-    if args.regenerate_only:
-        return
     layers = tuple(int(v) for v in args.target_layers.split(",")) if args.target_layers else distill.default_target_layers(target.config.num_hidden_layers)
     config = SemiARConfig(
         target=signature, target_layers=layers, block_size=args.block_size, num_layers=args.layers,
@@ -149,6 +154,8 @@ def _train(args) -> None:
         store = distill.build_target_store(
             target, records, layers, top_k=args.top_k, max_sequence_tokens=args.max_sequence_tokens, directory=store_dir, progress=bar,
         )
+    if args.stage == "data":
+        return
     train_config = distill.TrainConfig(
         steps=args.steps, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, sequences_per_step=args.sequences_per_step,
         anchors_per_sequence=args.anchors_per_sequence, seed=args.seed,
@@ -166,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``dspark`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "train" and args.stage != "data" and not args.output:
+        parser.error("--output is needed unless --stage data")
     if args.command == "generate" and not args.sample and (args.temperature != 1.0 or args.top_p is not None):
         parser.error("--temperature and --top-p need --sample")
     # Loading progress bars would interleave with the streamed answer.

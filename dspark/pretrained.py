@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from dspark.drafters import PromptLookupDrafter
 from dspark.protocols import Drafter
 
-__all__ = ["PretrainedBundle", "load", "KNOWN_MODELS", "default_cache_dir"]
+__all__ = ["PretrainedBundle", "load", "load_target", "KNOWN_MODELS", "default_cache_dir"]
 
 
 @attrs.frozen
@@ -45,7 +45,7 @@ _CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer_config.json"
 
 @attrs.frozen
 class PretrainedBundle:
-    """A ready target (eval mode), its tokenizer, a matching drafter and the model's name."""
+    """A ready target (eval mode), its tokenizer, the DSpark drafter distilled for it and the model's name."""
 
     target: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
@@ -113,8 +113,10 @@ def _ensure_checkpoint(name: str, source: _GgufSource, root: Path) -> Path:
     return path
 
 
-def load(name: str = "smollm2-135m-instruct", cache_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> PretrainedBundle:
-    """Load a known model by name as a ``PretrainedBundle``.
+def load_target(
+    name: str = "smollm2-135m-instruct", cache_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The known model ``name`` (eval mode) and its tokenizer, without a drafter (e.g. to train one).
 
     ``cache_dir`` is the root of the converted checkpoints (default ``default_cache_dir()``); the model
     lives in ``cache_dir/name``. ``dtype`` is the floating-point dtype of the loaded target.
@@ -127,5 +129,10 @@ def load(name: str = "smollm2-135m-instruct", cache_dir: str | os.PathLike | Non
     path = _ensure_checkpoint(name, KNOWN_MODELS[name], root)
     tokenizer = AutoTokenizer.from_pretrained(path)
     target = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    target.eval()
+    return target.eval(), tokenizer
+
+
+def load(name: str = "smollm2-135m-instruct", cache_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> PretrainedBundle:
+    """Load a known model by name as a ``PretrainedBundle``: ``load_target`` plus a drafter."""
+    target, tokenizer = load_target(name, cache_dir, dtype)
     return PretrainedBundle(target=target, tokenizer=tokenizer, drafter=PromptLookupDrafter(), name=name)

@@ -6,7 +6,7 @@ import pytest
 
 from dspark import cli
 from dspark.drafters import SemiARDrafter
-from dspark.pretrained import load
+from dspark.pretrained import load_target
 
 pytestmark = pytest.mark.integration
 
@@ -20,13 +20,18 @@ def test_generate_streams_and_compares(capsys):
 
 
 def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
-    """`dspark train` regenerates answers, trains a few steps and saves an fp16 drafter that loads for the target."""
-    arguments = ["train", "--output", str(tmp_path / "drafter"), "--work-dir", str(tmp_path / "work"), "--prompts", "4", "--max-new-tokens", "24",
-                 "--modes", "greedy", "--steps", "2", "--draft-vocab-size", "512", "--intermediate-size", "64", "--block-size", "3"]
-    cli.main(arguments)
+    """`dspark train --stage data` regenerates answers and builds the target store; `--stage train` trains on them
+    without regenerating and saves an fp16 drafter that loads for the target."""
+    common = ["train", "--work-dir", str(tmp_path / "work"), "--prompts", "4", "--max-new-tokens", "24", "--modes", "greedy"]
+    with pytest.raises(SystemExit, match="no regenerated answers"):
+        cli.main([*common, "--stage", "train", "--output", str(tmp_path / "drafter")])
+    cli.main([*common, "--stage", "data"])
+    assert list((tmp_path / "work").glob("targets-*/shard-*.safetensors")) and not (tmp_path / "drafter").exists()
+    cli.main([*common, "--stage", "train", "--prompts", "8", "--output", str(tmp_path / "drafter"), "--steps", "2",
+              "--draft-vocab-size", "512", "--intermediate-size", "64", "--block-size", "3"])
     records = [json.loads(line) for line in (tmp_path / "work" / "data.jsonl").read_text().splitlines()]
     assert len(records) == 4 and all(record["mode"] == "greedy" and record["response_ids"] for record in records)
     config = json.loads((tmp_path / "drafter" / "config.json").read_text())
     assert config["draft_vocab_size"] == 512 and config["block_size"] == 3
-    drafter = SemiARDrafter.from_pretrained(tmp_path / "drafter", target=load().target)
+    drafter = SemiARDrafter.from_pretrained(tmp_path / "drafter", target=load_target()[0])
     assert drafter.draft_vocab.numel() == 512

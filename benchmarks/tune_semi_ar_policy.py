@@ -1,0 +1,75 @@
+"""Choose a trained SemiARDrafter's default verify rule on held-out *calibration* prompts (never eval/).
+
+Greedy, batch 1, SmolLM2: plain decoding, then a Threshold on the confidence head's survival
+Π c_j for each candidate t (t = 0 verifies all γ drafted tokens). The fastest setting is reported
+and, with ``--write``, stored as ``verify_threshold`` in the drafter's config.json, which is what
+``dspark.wrap(target, drafter)`` then uses.
+
+    python benchmarks/tune_semi_ar_policy.py --drafter dspark/pretrained_drafters/smollm2-135m-instruct --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import attrs
+from tqdm import tqdm
+from transformers.utils import logging as transformers_logging
+
+import dspark
+from dspark import pretrained, strategies
+from dspark.drafters import PromptLookupDrafter, SemiARDrafter, distill
+from dspark.verify import DrafterConfidence, Threshold
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_json  # noqa: E402
+from tune_prompt_lookup import run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT.parent / "shared" / "data" / "train"
+OUTPUT = ROOT / "benchmarks" / "results" / "tune_semi_ar_policy.json"
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--drafter", type=Path, required=True, help="a SemiARDrafter.save_pretrained directory")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--thresholds", default="0,0.05,0.1,0.2,0.3,0.5")
+    parser.add_argument("--write", action="store_true", help="store the fastest threshold in the drafter's config.json")
+    args = parser.parse_args(argv)
+    transformers_logging.disable_progress_bar()
+    bundle = pretrained.load()
+    drafter = SemiARDrafter.from_pretrained(args.drafter, target=bundle.target)
+    prompts = [
+        dict(bundle.tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, return_tensors="pt", return_dict=True))
+        for prompt in distill.training_prompts(TRAIN, "calibration", limit=args.prompts)
+    ]
+    gamma = drafter.config.block_size
+    settings = [("autoregressive", strategies.autoregressive(PromptLookupDrafter()))]
+    for threshold in map(float, args.thresholds.split(",")):
+        settings.append((f"threshold={threshold}", dspark.Strategy(drafter=drafter, policy=Threshold(threshold), confidence=DrafterConfidence(), max_draft_tokens=gamma)))
+    dspark.SpeculativeModel(bundle.target, settings[1][1]).generate(**prompts[0], max_new_tokens=4)  # warm-up
+    results = {}
+    for name, strategy in tqdm(settings, desc="settings"):
+        results[name] = run(bundle.target, strategy, prompts, args.max_new_tokens)
+        results[name]["vs_autoregressive"] = results[name]["tokens_per_s"] / results["autoregressive"]["tokens_per_s"]
+        tqdm.write(f"{name:18s} {results[name]['tokens_per_s']:6.2f} tok/s  x{results[name]['vs_autoregressive']:.2f}  tau {results[name]['tau']:.2f}")
+    best = max((name for name in results if name != "autoregressive"), key=lambda name: results[name]["tokens_per_s"])
+    chosen = float(best.split("=")[1])
+    report = {"command": shlex.join([sys.executable, *sys.argv]), "settings": {**vars(args), "drafter": str(args.drafter)}, "results": results, "chosen_threshold": chosen}
+    write_json(OUTPUT, report)
+    print(f"fastest: {best}; wrote {OUTPUT}")
+    if args.write:
+        config = attrs.evolve(drafter.config, verify_threshold=None if chosen == 0.0 else chosen)
+        (args.drafter / "config.json").write_text(config.to_json())
+        print(f"stored verify_threshold={config.verify_threshold} in {args.drafter / 'config.json'}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
