@@ -128,9 +128,12 @@ def regenerate(
             for prompt in pending
         }
         lengths = {key: len(tokenizer(text, add_special_tokens=False)["input_ids"]) for key, text in texts.items()}
-        # Prompts over the limit are skipped, not truncated (a cut chat template loses its generation prompt);
-        # similar lengths share a batch so little compute goes to padding.
-        pending = sorted((p for p in pending if lengths[p.id] <= max_prompt_tokens), key=lambda p: lengths[p.id])
+        # Prompts over the limit are skipped, not truncated (a cut chat template loses its generation prompt).
+        # Similar lengths share a batch so little compute goes to padding, but only within windows of the
+        # interleaved order: a global sort would spend an interrupted run on one source's short prompts.
+        pending = [p for p in pending if lengths[p.id] <= max_prompt_tokens]
+        window = 8 * batch_size
+        pending = [p for start in range(0, len(pending), window) for p in sorted(pending[start : start + window], key=lambda p: lengths[p.id])]
         for start in range(0, len(pending), batch_size):
             batch = pending[start : start + batch_size]
             encoded = tokenizer([texts[p.id] for p in batch], return_tensors="pt", padding=True, add_special_tokens=False)
