@@ -5,7 +5,7 @@ Greedy, batch 1, SmolLM2: plain decoding, then a Threshold on the confidence hea
 and, with ``--write``, stored as ``verify_threshold`` in the drafter's config.json, which is what
 ``dspark.wrap(target, drafter)`` then uses.
 
-    python benchmarks/tune_semi_ar_policy.py --drafter dspark/pretrained_drafters/smollm2-135m-instruct --write
+    python benchmarks/tune_semi_ar_policy.py --drafter DIR --write
 """
 
 from __future__ import annotations

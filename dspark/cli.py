@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--warmup-steps", type=int, default=50)
     train.add_argument("--sequences-per-step", type=int, default=4)
     train.add_argument("--anchors-per-sequence", type=int, default=16, help="anchor blocks drawn from each sequence per step")
+    train.add_argument("--loss-weights", default="0.1,0.9,1.0", help="α_ce,α_tv,α_conf (paper §3.3: 0.1,0.9,1.0)")
     train.add_argument("--top-k", type=int, default=32, help="target tokens kept per position for the TV and confidence losses")
     train.add_argument("--max-sequence-tokens", type=int, default=768)
     train.add_argument("--block-size", type=int, default=7, help="γ")
@@ -123,6 +124,16 @@ def _generate(args) -> None:
         print(f"greedy outputs identical: {tokens == hf_tokens}")
 
 
+def _loss_weights(text: str, parser: argparse.ArgumentParser) -> tuple[float, float, float]:
+    try:
+        weights = tuple(float(value) for value in text.split(","))
+    except ValueError:
+        weights = ()
+    if len(weights) != 3 or min(weights, default=-1.0) < 0:
+        parser.error(f"--loss-weights must be three non-negative numbers α_ce,α_tv,α_conf, got {text!r}")
+    return weights
+
+
 def _train(args) -> None:
     target, tokenizer = pretrained.load_target(args.model)
     signature = TargetSignature.of(target)
@@ -158,7 +169,7 @@ def _train(args) -> None:
         return
     train_config = distill.TrainConfig(
         steps=args.steps, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, sequences_per_step=args.sequences_per_step,
-        anchors_per_sequence=args.anchors_per_sequence, seed=args.seed,
+        anchors_per_sequence=args.anchors_per_sequence, loss_weights=args.loss_weights, seed=args.seed,
     )
     started = time.perf_counter()
     with tqdm(total=args.steps, desc="training drafter", unit="step") as bar:
@@ -175,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "train" and args.stage != "data" and not args.output:
         parser.error("--output is needed unless --stage data")
+    if args.command == "train":
+        args.loss_weights = _loss_weights(args.loss_weights, parser)
     if args.command == "generate" and not args.sample and (args.temperature != 1.0 or args.top_p is not None):
         parser.error("--temperature and --top-p need --sample")
     # Loading progress bars would interleave with the streamed answer.

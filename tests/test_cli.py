@@ -35,3 +35,11 @@ def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
     assert config["draft_vocab_size"] == 512 and config["block_size"] == 3
     drafter = SemiARDrafter.from_pretrained(tmp_path / "drafter", target=load_target()[0])
     assert drafter.draft_vocab.numel() == 512
+
+
+@pytest.mark.parametrize("weights", ["1,2", "a,b,c", "0.1,-1,1"])
+def test_train_refuses_bad_loss_weights(weights, capsys):
+    """--loss-weights must be three non-negative numbers; the error names the value."""
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--output", "unused", "--loss-weights", weights])
+    assert weights in capsys.readouterr().err

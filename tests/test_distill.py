@@ -218,3 +218,11 @@ def test_target_store_holds_the_targets_view_and_reuses_its_shards(tmp_path):
     assert all(torch.equal(a.features, b.features) and torch.equal(a.top_ids, b.top_ids) for a, b in zip(store, reread))
     recomputed = build_target_store(target, records, (1, 2), top_k=3, directory=tmp_path / "store", shard_size=2)
     assert recomputed[0].top_ids.shape[-1] == 3
+
+
+def test_train_config_refuses_bad_loss_weights():
+    """TrainConfig.loss_weights must be three non-negative numbers."""
+    with pytest.raises(ValueError, match="loss_weights"):
+        TrainConfig(loss_weights=(0.1, 0.9))
+    with pytest.raises(ValueError, match="loss_weights"):
+        TrainConfig(loss_weights=(0.1, -0.9, 1.0))

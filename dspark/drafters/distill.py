@@ -354,6 +354,11 @@ def _read_shard(path: Path, count: int) -> list[TargetSequence]:
     ]
 
 
+def _loss_weights(instance, attribute, value) -> None:
+    if len(value) != 3 or not all(isinstance(weight, (int, float)) and weight >= 0 for weight in value):
+        raise ValueError(f"loss_weights must be three non-negative numbers (α_ce, α_tv, α_conf), got {value!r}")
+
+
 @attrs.frozen
 class TrainConfig:
     """Optimisation settings of ``train``."""
@@ -365,6 +370,7 @@ class TrainConfig:
     anchors_per_sequence: int = 16
     weight_decay: float = 0.0
     gradient_clip: float = 1.0
+    loss_weights: tuple[float, float, float] = attrs.field(default=(0.1, 0.9, 1.0), converter=tuple, validator=_loss_weights)  # α_ce, α_tv, α_conf
     checkpoint_every: int = 100
     log_every_seconds: float = 60.0
     seed: int = 0
@@ -469,7 +475,7 @@ def train(
             logits, confidence = drafter.training_outputs(sequence.features[None].to(device, dtype), tokens[None], anchors[None].to(device))
             loss, terms = distillation_loss(
                 logits[0], confidence[0], sequence.top_ids[rows].to(device), sequence.top_probs[rows].to(device),
-                tokens[block.to(device) + 1], drafter.draft_vocab,
+                tokens[block.to(device) + 1], drafter.draft_vocab, weights=config.loss_weights,
             )
             (loss / config.sequences_per_step).backward()
             step_terms.append(terms | {"loss": float(loss.detach())})
