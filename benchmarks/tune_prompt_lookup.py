@@ -68,6 +68,18 @@ def run(model, strategy, prompts, max_new_tokens) -> dict:
     }
 
 
+def sweep(model, settings: list[tuple[str, object]], prompts, max_new_tokens) -> dict:
+    """``run`` every (name, strategy) after one warm-up call; the first setting is the baseline that
+    every ``vs_autoregressive`` ratio divides by."""
+    dspark.SpeculativeModel(model, settings[-1][1]).generate(**prompts[0], max_new_tokens=4)
+    results = {}
+    for name, strategy in tqdm(settings, desc="settings"):
+        results[name] = run(model, strategy, prompts, max_new_tokens)
+        results[name]["vs_autoregressive"] = results[name]["tokens_per_s"] / results[settings[0][0]]["tokens_per_s"]
+        tqdm.write(f"{name:28s} {results[name]['tokens_per_s']:6.2f} tok/s  x{results[name]['vs_autoregressive']:.2f}  tau {results[name]['tau']:.2f}")
+    return results
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=12)
@@ -87,12 +99,7 @@ def main(argv=None) -> None:
         for gamma in map(int, args.gammas.split(",")):
             drafter = PromptLookupDrafter(max_ngram=max(3, min_ngram), min_ngram=min_ngram)
             settings.append((f"min_ngram={min_ngram},gamma={gamma}", strategies.fixed_length(drafter, gamma)))
-    dspark.SpeculativeModel(bundle.target, settings[0][1]).generate(**prompts[0], max_new_tokens=4)  # warm-up
-    results = {}
-    for name, strategy in tqdm(settings, desc="settings"):
-        results[name] = run(bundle.target, strategy, prompts, args.max_new_tokens)
-        results[name]["vs_autoregressive"] = results[name]["tokens_per_s"] / results["autoregressive"]["tokens_per_s"]
-        tqdm.write(f"{name:28s} {results[name]['tokens_per_s']:6.2f} tok/s  x{results[name]['vs_autoregressive']:.2f}  tau {results[name]['tau']:.2f}")
+    results = sweep(bundle.target, settings, prompts, args.max_new_tokens)
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     OUTPUT.write_text(json.dumps({"command": shlex.join([sys.executable, *sys.argv]), "settings": vars(args), "results": results}, indent=2))
     print(f"wrote {OUTPUT}")

@@ -11,13 +11,11 @@ and, with ``--write``, stored as ``verify_threshold`` in the drafter's config.js
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
 import attrs
-from tqdm import tqdm
 from transformers.utils import logging as transformers_logging
 
 import dspark
@@ -27,7 +25,7 @@ from dspark.verify import DrafterConfidence, Threshold
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json  # noqa: E402
-from tune_prompt_lookup import run  # noqa: E402
+from tune_prompt_lookup import sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT.parent / "shared" / "data" / "train"
@@ -53,12 +51,7 @@ def main(argv=None) -> dict:
     settings = [("autoregressive", strategies.autoregressive(PromptLookupDrafter()))]
     for threshold in map(float, args.thresholds.split(",")):
         settings.append((f"threshold={threshold}", dspark.Strategy(drafter=drafter, policy=Threshold(threshold), confidence=DrafterConfidence(), max_draft_tokens=gamma)))
-    dspark.SpeculativeModel(bundle.target, settings[1][1]).generate(**prompts[0], max_new_tokens=4)  # warm-up
-    results = {}
-    for name, strategy in tqdm(settings, desc="settings"):
-        results[name] = run(bundle.target, strategy, prompts, args.max_new_tokens)
-        results[name]["vs_autoregressive"] = results[name]["tokens_per_s"] / results["autoregressive"]["tokens_per_s"]
-        tqdm.write(f"{name:18s} {results[name]['tokens_per_s']:6.2f} tok/s  x{results[name]['vs_autoregressive']:.2f}  tau {results[name]['tau']:.2f}")
+    results = sweep(bundle.target, settings, prompts, args.max_new_tokens)
     best = max((name for name in results if name != "autoregressive"), key=lambda name: results[name]["tokens_per_s"])
     chosen = float(best.split("=")[1])
     report = {"command": shlex.join([sys.executable, *sys.argv]), "settings": {**vars(args), "drafter": str(args.drafter)}, "results": results, "chosen_threshold": chosen}
