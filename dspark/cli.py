@@ -124,13 +124,13 @@ def _generate(args) -> None:
         print(f"greedy outputs identical: {tokens == hf_tokens}")
 
 
-def _loss_weights(text: str, parser: argparse.ArgumentParser) -> tuple[float, float, float]:
+def _loss_weights(text: str, parser: argparse.ArgumentParser) -> tuple[float, ...]:
+    """Parse α_ce,α_tv,α_conf; ``TrainConfig`` decides what is allowed."""
     try:
         weights = tuple(float(value) for value in text.split(","))
-    except ValueError:
-        weights = ()
-    if len(weights) != 3 or min(weights, default=-1.0) < 0:
-        parser.error(f"--loss-weights must be three non-negative numbers α_ce,α_tv,α_conf, got {text!r}")
+        distill.TrainConfig(loss_weights=weights)
+    except ValueError as error:
+        parser.error(f"--loss-weights {text!r}: {error}")
     return weights
 
 
