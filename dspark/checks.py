@@ -1,8 +1,9 @@
-"""The one integer check every part uses: TypeError for a non-int, ValueError below the minimum."""
+"""Checks every part uses: integers (TypeError for a non-int, ValueError below the minimum) and
+probabilities in [0, 1]."""
 
 from __future__ import annotations
 
-__all__ = ["check_int", "int_at_least"]
+__all__ = ["check_int", "int_at_least", "unit_interval"]
 
 
 def check_int(name: str, value, minimum: int, optional: bool = False) -> int | None:
@@ -22,5 +23,17 @@ def int_at_least(minimum: int, optional: bool = False):
 
     def validate(instance, attribute, value):
         check_int(attribute.name, value, minimum, optional)
+
+    return validate
+
+
+def unit_interval(optional: bool = False):
+    """An attrs validator: the field is a float in [0, 1] (or None when ``optional``)."""
+
+    def validate(instance, attribute, value):
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"{attribute.name} must be a float in [0, 1]{' or None' if optional else ''}, got {value!r}")
 
     return validate

@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dspark.checks import int_at_least
+from dspark.checks import int_at_least, unit_interval
 from dspark.kv import RaggedCache
 from dspark.types import Draft, DraftContext, StepOutcome
 from dspark.verify.confidence import DrafterConfidence
@@ -84,7 +84,7 @@ class SemiARConfig:
     rms_norm_eps: float = 1e-6
     # The verify rule ``wrap`` uses when given no policy, chosen by measurement on calibration prompts:
     # a threshold on the confidence head's survival when set, else every drafted token.
-    verify_threshold: float | None = None
+    verify_threshold: float | None = attrs.field(default=None, validator=unit_interval(optional=True))
 
     def __attrs_post_init__(self):
         if self.backbone not in BACKBONES:
@@ -95,8 +95,6 @@ class SemiARConfig:
             raise ValueError(f"target_layers must name at least one target layer, got {self.target_layers!r}")
         if self.target.hidden_size % self.num_heads:
             raise ValueError(f"num_heads must divide the target's hidden size {self.target.hidden_size}, got {self.num_heads!r}")
-        if self.verify_threshold is not None and (isinstance(self.verify_threshold, bool) or not 0.0 <= self.verify_threshold <= 1.0):
-            raise ValueError(f"verify_threshold must be None or a float in [0, 1], got {self.verify_threshold!r}")
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.target.vocab_size:
             raise ValueError(
                 f"draft_vocab_size must be None or in [1, {self.target.vocab_size}], got {self.draft_vocab_size!r}"
@@ -239,9 +237,13 @@ class SemiARDrafter(nn.Module):
         """W1[x] = E(x)·A for target token ids ``tokens`` [...], [..., r]."""
         return self.transition_in(self._embed(tokens))
 
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        """H_ctx = RMSNorm(W_c [H(l_1); …; H(l_m)]) for target features [..., m·d] (eq. 2)."""
+        return self.context_norm(self.context_projection(features.to(self.context_projection.weight.dtype)))
+
     def extend_context(self, features: torch.Tensor, feature_mask: torch.Tensor) -> None:
         """Append the committed target features [R, T, m·d] to the per-layer context key/value cache."""
-        context = self.context_norm(self.context_projection(features.to(self.context_projection.weight.dtype)))
+        context = self.project_context(features)
         offsets = (feature_mask.long().cumsum(dim=1) - 1).clamp_min(0)
         positions = self._context.lengths[:, None] + offsets
         for index, layer in enumerate(self.layers):
@@ -295,7 +297,7 @@ class SemiARDrafter(nn.Module):
         batch, length = tokens.shape
         anchors_per_row, width = anchors.shape[1], self.config.block_size
         offsets = torch.arange(width, device=tokens.device)
-        context = self.context_norm(self.context_projection(features.to(self.context_projection.weight.dtype)))
+        context = self.project_context(features)
         context_positions = torch.arange(length, device=tokens.device).expand(batch, length)
         block_positions = (anchors[:, :, None] + offsets).reshape(batch, anchors_per_row * width)
         previous = tokens.gather(1, block_positions)
@@ -317,7 +319,7 @@ class SemiARDrafter(nn.Module):
             context_keys, context_values = layer.context_keys_values(context, context_positions)
             block = layer(block, block_positions, context_keys, context_values, visible)
         hidden = self.final_norm(block).reshape(batch, anchors_per_row, width, -1)
-        base_logits = hidden @ self._head_weight().T.to(hidden.dtype)
+        base_logits = self._base_logits(hidden.reshape(batch * anchors_per_row, width, -1)).reshape(batch, anchors_per_row, width, -1)
         previous = previous.reshape(batch, anchors_per_row, width)
         state = hidden.new_zeros((batch, anchors_per_row, self.config.rank)) if self.config.sequential == "rnn" else None
         logits, confidence = [], []

@@ -5,16 +5,11 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dspark.checks import int_at_least
+from dspark.checks import int_at_least, unit_interval
 from dspark.protocols import CostModel
 from dspark.verify.acceptance import leading_true
 
 __all__ = ["FixedLength", "Threshold"]
-
-
-def _unit_interval(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{attribute.name} must be a float in [0, 1], got {value!r}")
 
 
 @attrs.frozen
@@ -38,7 +33,7 @@ class FixedLength:
 class Threshold:
     """Verify up to (not including) the first draft position whose survival c_k falls below t."""
 
-    t: float = attrs.field(validator=_unit_interval)
+    t: float = attrs.field(validator=unit_interval())
     needs_survival = True
 
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
