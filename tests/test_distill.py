@@ -1,5 +1,6 @@
 """Distillation pipeline in dspark/drafters/distill.py on tiny targets."""
 
+import io
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
+from tqdm import tqdm
 from transformers import PreTrainedTokenizerFast
 
 from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature
@@ -144,9 +146,10 @@ def test_training_resumes_from_its_checkpoint(tmp_path):
     train(_drafter(target), store, config, checkpoint_dir=tmp_path / "run", log=lambda line: None)
     assert json.loads((tmp_path / "run" / "trainer_state.json").read_text()) == {"step": 4}
     saved = SemiARDrafter.from_pretrained(tmp_path / "run", target=target)
-    logs = []
-    history = train(_drafter(target), store, TrainConfig(steps=6, learning_rate=1e-3, warmup_steps=1, sequences_per_step=1, anchors_per_sequence=4, checkpoint_every=2), checkpoint_dir=tmp_path / "run", log=logs.append)
+    logs, bar = [], tqdm(total=6, file=io.StringIO())
+    history = train(_drafter(target), store, TrainConfig(steps=6, learning_rate=1e-3, warmup_steps=1, sequences_per_step=1, anchors_per_sequence=4, checkpoint_every=2), checkpoint_dir=tmp_path / "run", progress=bar, log=logs.append)
     assert logs[0].startswith("resumed from step 4") and [entry["step"] for entry in history] == [5, 6]
+    assert bar.n == 6, "the progress bar counts the resumed steps too"
     resumed = SemiARDrafter.from_pretrained(tmp_path / "run", target=target)
     changed = [name for name, tensor in saved.state_dict().items() if not torch.equal(tensor, resumed.state_dict()[name])]
     assert changed, "two more steps must have moved the weights that were loaded from step 4"

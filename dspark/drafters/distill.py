@@ -452,6 +452,8 @@ def train(
     if checkpoint_dir is not None and (checkpoint_dir / "trainer_state.json").is_file():
         start = _load_checkpoint(drafter, optimizer, checkpoint_dir)
         log(f"resumed from step {start} in {checkpoint_dir}")
+        if progress is not None:
+            progress.update(start)
     sequences = _sequences_forever(store, config.seed + start)
     device, dtype = drafter.draft_vocab.device, drafter.mask_embedding.dtype
     width = drafter.config.block_size
