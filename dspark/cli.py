@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", help="the user message; the model's chat template is applied")
     generate.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
     generate.add_argument("--max-new-tokens", type=int, default=128)
+    generate.add_argument("--drafter", default=None, help="a trained SemiARDrafter directory (dspark train --output); default: prompt lookup")
     generate.add_argument("--max-draft-tokens", type=int, default=None, help="block width γ (default: the drafter's)")
     generate.add_argument("--compare", action="store_true", help="also time plain model.generate and check the outputs agree")
     generate.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -106,7 +107,7 @@ def _run_hf(bundle, prompt, args) -> tuple[list[int], float]:
 
 
 def _generate(args) -> None:
-    bundle = pretrained.load(args.model)
+    bundle = pretrained.load(args.model, drafter=args.drafter)
     messages = [{"role": "user", "content": args.prompt}]
     prompt = bundle.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     prompt = {"input_ids": prompt["input_ids"], "attention_mask": prompt["attention_mask"]}

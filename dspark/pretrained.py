@@ -18,7 +18,7 @@ import attrs
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from dspark.drafters import PromptLookupDrafter
+from dspark.drafters import PromptLookupDrafter, SemiARDrafter
 from dspark.protocols import Drafter
 
 __all__ = ["PretrainedBundle", "load", "load_target", "KNOWN_MODELS", "default_cache_dir"]
@@ -132,7 +132,22 @@ def load_target(
     return target.eval(), tokenizer
 
 
-def load(name: str = "smollm2-135m-instruct", cache_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> PretrainedBundle:
-    """Load a known model by name as a ``PretrainedBundle``: ``load_target`` plus a drafter."""
+def load(
+    name: str = "smollm2-135m-instruct",
+    cache_dir: str | os.PathLike | None = None,
+    dtype: torch.dtype = torch.float32,
+    drafter: str | os.PathLike | None = None,
+) -> PretrainedBundle:
+    """Load a known model by name as a ``PretrainedBundle``: ``load_target`` plus a drafter.
+
+    ``drafter`` is a ``SemiARDrafter.save_pretrained`` directory trained for this target (what
+    ``dspark train --output DIR`` writes), loaded on the target's device and dtype.
+    Without one the bundle drafts by prompt lookup: no distilled drafter ships yet.
+    """
+    if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
+        raise TypeError(f"drafter must be None or a directory path, got {type(drafter).__name__}")
     target, tokenizer = load_target(name, cache_dir, dtype)
-    return PretrainedBundle(target=target, tokenizer=tokenizer, drafter=PromptLookupDrafter(), name=name)
+    if drafter is None:
+        return PretrainedBundle(target=target, tokenizer=tokenizer, drafter=PromptLookupDrafter(), name=name)
+    # from_pretrained checks the directory and that the drafter was trained for this target.
+    return PretrainedBundle(target=target, tokenizer=tokenizer, drafter=SemiARDrafter.from_pretrained(drafter, target=target), name=name)

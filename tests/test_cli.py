@@ -21,7 +21,7 @@ def test_generate_streams_and_compares(capsys):
 
 def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
     """`dspark train --stage data` regenerates answers and builds the target store; `--stage train` trains on them
-    without regenerating and saves an fp16 drafter that loads for the target."""
+    without regenerating and saves an fp16 drafter that `dspark generate --drafter` uses losslessly."""
     common = ["train", "--work-dir", str(tmp_path / "work"), "--prompts", "4", "--max-new-tokens", "24", "--modes", "greedy"]
     with pytest.raises(SystemExit, match="no regenerated answers"):
         cli.main([*common, "--stage", "train", "--output", str(tmp_path / "drafter")])
@@ -35,6 +35,9 @@ def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
     assert config["draft_vocab_size"] == 512 and config["block_size"] == 3
     drafter = SemiARDrafter.from_pretrained(tmp_path / "drafter", target=load_target()[0])
     assert drafter.draft_vocab.numel() == 512
+    capsys.readouterr()
+    cli.main(["generate", "Say hello.", "--max-new-tokens", "8", "--compare", "--drafter", str(tmp_path / "drafter")])
+    assert "greedy outputs identical: True" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("weights", ["1,2", "a,b,c", "0.1,-1,1"])

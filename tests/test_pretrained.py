@@ -5,7 +5,7 @@ import torch
 
 import dspark
 from dspark import pretrained
-from dspark.drafters import PromptLookupDrafter
+from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +42,27 @@ def test_greedy_equals_hf_generate_on_smollm2(bundle):
     result = dspark.wrap(bundle.target, bundle.drafter).generate(input_ids, attention_mask=attention_mask, max_new_tokens=40)
     assert torch.equal(result.sequences, expected)
     assert result.stats.tau > 1.0
+
+
+def test_bundle_with_a_trained_drafter_directory(bundle, tmp_path):
+    """load(drafter=DIR) bundles that SemiARDrafter, and its greedy output equals HF's."""
+    torch.manual_seed(0)
+    config = SemiARConfig(target=TargetSignature.of(bundle.target), target_layers=(1, 15, 29), num_heads=9, draft_vocab_size=512)
+    SemiARDrafter(config, bundle.target, draft_vocab=torch.arange(512)).save_pretrained(tmp_path)
+    loaded = pretrained.load("smollm2-135m-instruct", drafter=tmp_path)
+    assert isinstance(loaded.drafter, SemiARDrafter) and loaded.drafter.config == config
+    input_ids, attention_mask = _chat_batch(loaded.tokenizer, PROMPTS[:2])
+    expected = loaded.target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=12, do_sample=False)
+    result = dspark.wrap(loaded.target, loaded.drafter).generate(input_ids, attention_mask=attention_mask, max_new_tokens=12)
+    assert torch.equal(result.sequences, expected)
+
+
+def test_drafter_argument_is_checked(tmp_path):
+    """A drafter that is not a path, or a directory without a saved drafter, is refused by name."""
+    with pytest.raises(TypeError, match="drafter"):
+        pretrained.load("smollm2-135m-instruct", drafter=3)
+    with pytest.raises(ValueError, match="config.json"):
+        pretrained.load("smollm2-135m-instruct", drafter=tmp_path)
 
 
 def test_unknown_model_name_is_refused():
