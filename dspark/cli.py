@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--rank", type=int, default=64)
     train.add_argument("--draft-vocab-size", type=int, default=8192)
     train.add_argument("--target-layers", default=None, help="comma-separated hidden-state indices (default: 3 evenly spaced)")
+    train.add_argument("--validation-share", type=float, default=0.05, help="regenerated sequences held out to score memorising vs learning")
     train.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -160,7 +161,9 @@ def _train(args) -> None:
         draft_vocab_size=args.draft_vocab_size,
     )
     torch.manual_seed(args.seed)
-    drafter = SemiARDrafter(config, target, draft_vocab=distill.frequent_tokens(records, args.draft_vocab_size, signature.vocab_size))
+    held_out = [distill.held_out_for_validation(record["id"], args.validation_share) for record in records]
+    training_records = [record for record, out in zip(records, held_out) if not out]
+    drafter = SemiARDrafter(config, target, draft_vocab=distill.frequent_tokens(training_records, args.draft_vocab_size, signature.vocab_size))
     store_dir = work_dir / f"targets-{'-'.join(map(str, layers))}"
     with tqdm(total=len(records), desc="target features", unit="sequence") as bar:
         store = distill.build_target_store(
@@ -176,7 +179,9 @@ def _train(args) -> None:
     with tqdm(total=args.steps, desc="training drafter", unit="step") as bar:
         # One checkpoint folder per drafter shape, so a changed configuration never resumes a mismatched run.
         checkpoint = work_dir / f"checkpoint-{hashlib.sha256(config.to_json().encode()).hexdigest()[:10]}"
-        history = distill.train(drafter, store, train_config, checkpoint_dir=checkpoint, progress=bar, log=tqdm.write)
+        training = [sequence for sequence, out in zip(store, held_out) if not out]
+        validation = [sequence for sequence, out in zip(store, held_out) if out]
+        history = distill.train(drafter, training, train_config, checkpoint_dir=checkpoint, progress=bar, log=tqdm.write, validation=validation)
     drafter.save_pretrained(args.output, dtype=torch.float16)
     print(f"saved to {args.output} after {time.perf_counter() - started:.0f} s; last step: {history[-1] if history else 'resumed at the end'}")
 

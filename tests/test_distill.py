@@ -21,6 +21,7 @@ from dspark.drafters.distill import (
     default_target_layers,
     distillation_loss,
     frequent_tokens,
+    held_out_for_validation,
     position_weights,
     read_sequences,
     regenerate,
@@ -29,6 +30,7 @@ from dspark.drafters.distill import (
     target_features,
     train,
     training_prompts,
+    validate,
 )
 from dspark.types import DraftContext, SamplingConfig
 from tests.conftest import VOCAB, build_model
@@ -136,6 +138,32 @@ def test_short_training_run_lowers_the_loss(tmp_path):
     last = sum(entry["loss"] for entry in history[-5:]) / 5
     assert last < 0.9 * first
     assert history[-1]["acceptance"] > history[0]["acceptance"] + 0.1
+
+
+def test_validation_scores_fixed_held_out_blocks_during_training():
+    """validate scores the same anchor blocks on every call; train reports it every validate_every steps and at the end."""
+    target = build_model("llama")
+    store = build_target_store(target, _records(target, count=6), (1, 2))
+    config = TrainConfig(steps=5, learning_rate=1e-3, warmup_steps=1, sequences_per_step=1, anchors_per_sequence=4, validate_every=2)
+    drafter = _drafter(target)
+    before = validate(drafter, store[4:], config)
+    assert before == validate(drafter, store[4:], config) and 0.0 <= before["acceptance"] <= 1.0
+    logs = []
+    history = train(drafter, store[:4], config, log=logs.append, validation=store[4:])
+    assert [entry["step"] for entry in history if "validation" in entry] == [2, 4, 5]
+    assert history[-1]["validation"] == validate(drafter, store[4:], config) != before
+    assert sum('"validation"' in line for line in logs) == 3
+
+
+def test_validation_hold_out_is_stable_and_checked():
+    """The held-out share is a stable function of the record id, about the requested size; a share outside [0, 1) is refused."""
+    ids = [f"alpaca_5k.jsonl:{index}" for index in range(2000)]
+    held = [held_out_for_validation(record_id, 0.1) for record_id in ids]
+    assert held == [held_out_for_validation(record_id, 0.1) for record_id in ids] and 150 < sum(held) < 250
+    assert not any(held_out_for_validation(record_id, 0.0) for record_id in ids)
+    for share in (-0.1, 1.0, True):
+        with pytest.raises(ValueError, match="share"):
+            held_out_for_validation("x", share)
 
 
 def test_training_resumes_from_its_checkpoint(tmp_path):

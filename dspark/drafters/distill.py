@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import math
@@ -34,6 +35,7 @@ __all__ = [
     "TrainConfig",
     "training_prompts",
     "split_of",
+    "held_out_for_validation",
     "regenerate",
     "read_sequences",
     "sample_anchors",
@@ -45,6 +47,7 @@ __all__ = [
     "TargetSequence",
     "build_target_store",
     "train",
+    "validate",
 ]
 
 TRAIN_SOURCES = {
@@ -67,6 +70,14 @@ def split_of(prompt_id: str, calibration_share: float = 0.05) -> str:
     """'calibration' for a stable ``calibration_share`` of prompt ids, else 'train'."""
     digest = int(hashlib.sha256(prompt_id.encode()).hexdigest()[:8], 16)
     return "calibration" if digest / 0xFFFFFFFF < calibration_share else "train"
+
+
+def held_out_for_validation(record_id: str, share: float) -> bool:
+    """True for a stable ``share`` of regenerated records, scored by ``validate`` and never trained on."""
+    if isinstance(share, bool) or not 0.0 <= share < 1.0:
+        raise ValueError(f"share must be a float in [0, 1), got {share!r}")
+    digest = int(hashlib.sha256(f"validation:{record_id}".encode()).hexdigest()[:8], 16)
+    return digest / 0xFFFFFFFF < share
 
 
 def training_prompts(data_dir: str | Path, split: str = "train", limit: int | None = None, seed: int = 0) -> list[PromptRecord]:
@@ -372,6 +383,7 @@ class TrainConfig:
     gradient_clip: float = 1.0
     loss_weights: tuple[float, float, float] = attrs.field(default=(0.1, 0.9, 1.0), converter=tuple, validator=_loss_weights)  # α_ce, α_tv, α_conf
     checkpoint_every: int = 100
+    validate_every: int = 200
     log_every_seconds: float = 60.0
     seed: int = 0
 
@@ -425,6 +437,39 @@ def _load_checkpoint(drafter: SemiARDrafter, optimizer: torch.optim.Optimizer, d
     return json.loads((directory / "trainer_state.json").read_text())["step"]
 
 
+def _sequence_loss(drafter: SemiARDrafter, sequence: TargetSequence, anchors: torch.Tensor, weights) -> tuple[torch.Tensor, dict]:
+    """The distillation loss of the anchor blocks ``anchors`` of one stored sequence, and its terms."""
+    device, dtype, width = drafter.draft_vocab.device, drafter.mask_embedding.dtype, drafter.config.block_size
+    # Block position k of anchor a predicts the token after a + k: label row a + k − (P − 1).
+    block = anchors[:, None] + torch.arange(width)
+    rows = block - (sequence.prompt_length - 1)
+    tokens = sequence.tokens.to(device)
+    logits, confidence = drafter.training_outputs(sequence.features[None].to(device, dtype), tokens[None], anchors[None].to(device))
+    return distillation_loss(
+        logits[0], confidence[0], sequence.top_ids[rows].to(device), sequence.top_probs[rows].to(device),
+        tokens[block.to(device) + 1], drafter.draft_vocab, weights=weights,
+    )
+
+
+@torch.no_grad()
+def validate(drafter: SemiARDrafter, sequences: list[TargetSequence], config: TrainConfig) -> dict:
+    """Mean loss terms over held-out ``sequences`` on anchors fixed by ``config.seed``, so every call
+    scores the same blocks; the number that tells learning from memorising."""
+    generator = torch.Generator().manual_seed(config.seed)
+    was_training = drafter.training
+    drafter.eval()
+    totals, count = collections.Counter(), 0
+    for sequence in sequences:
+        anchors = sample_anchors(sequence.prompt_length, sequence.tokens.numel(), drafter.config.block_size, config.anchors_per_sequence, generator)
+        if anchors is None:
+            continue
+        loss, terms = _sequence_loss(drafter, sequence, anchors, config.loss_weights)
+        totals.update(terms | {"loss": float(loss)})
+        count += 1
+    drafter.train(was_training)
+    return {key: value / count for key, value in totals.items()} if count else {}
+
+
 def train(
     drafter: SemiARDrafter,
     store: list[TargetSequence],
@@ -432,12 +477,15 @@ def train(
     checkpoint_dir: str | Path | None = None,
     progress=None,
     log=print,
+    validation: list[TargetSequence] | None = None,
 ) -> list[dict]:
     """Distil ``drafter`` from the target's precomputed view ``store`` (see ``build_target_store``);
     returns one log entry per step.
 
     Resumes from ``checkpoint_dir`` when it holds a checkpoint, and writes one every
     ``config.checkpoint_every`` steps and at the end. ``progress`` is an optional tqdm-like bar.
+    With held-out ``validation`` sequences, every ``config.validate_every`` steps and at the end the
+    entry also carries ``validation`` (see ``validate``), and the log line reports it.
     """
     if not store:
         raise ValueError("store must hold at least one target sequence, got none")
@@ -455,7 +503,6 @@ def train(
         if progress is not None:
             progress.update(start)
     sequences = _sequences_forever(store, config.seed + start)
-    device, dtype = drafter.draft_vocab.device, drafter.mask_embedding.dtype
     width = drafter.config.block_size
     history, last_log = [], time.monotonic()
     drafter.train()
@@ -470,15 +517,7 @@ def train(
             if anchors is None:
                 continue
             used += 1
-            # Block position k of anchor a predicts the token after a + k: label row a + k − (P − 1).
-            block = anchors[:, None] + torch.arange(width)
-            rows = block - (sequence.prompt_length - 1)
-            tokens = sequence.tokens.to(device)
-            logits, confidence = drafter.training_outputs(sequence.features[None].to(device, dtype), tokens[None], anchors[None].to(device))
-            loss, terms = distillation_loss(
-                logits[0], confidence[0], sequence.top_ids[rows].to(device), sequence.top_probs[rows].to(device),
-                tokens[block.to(device) + 1], drafter.draft_vocab, weights=config.loss_weights,
-            )
+            loss, terms = _sequence_loss(drafter, sequence, anchors, config.loss_weights)
             (loss / config.sequences_per_step).backward()
             step_terms.append(terms | {"loss": float(loss.detach())})
         torch.nn.utils.clip_grad_norm_(trainable, config.gradient_clip)
@@ -486,6 +525,9 @@ def train(
         entry = {"step": step + 1, "lr": _learning_rate(config, step)} | {
             key: sum(t[key] for t in step_terms) / len(step_terms) for key in step_terms[0]
         }
+        if validation and ((step + 1) % config.validate_every == 0 or step + 1 == config.steps):
+            entry["validation"] = validate(drafter, validation, config)
+            log(json.dumps({"step": step + 1, "validation": entry["validation"]}))
         history.append(entry)
         if progress is not None:
             progress.update(1)
