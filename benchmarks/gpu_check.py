@@ -67,7 +67,7 @@ SMOLLM2_135M = dict(
 def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated: " + ",".join(DTYPES))
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated, run in order (the model is cast in place): " + ",".join(DTYPES))
     parser.add_argument("--drafter", type=Path, default=None, help="a trained SemiARDrafter for the real target")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--tie-ulps", type=float, default=4.0)
