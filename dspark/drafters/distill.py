@@ -66,18 +66,22 @@ class PromptRecord:
     text: str
 
 
+def _stable_fraction(key: str) -> float:
+    """A number in [0, 1] fixed by ``key`` alone (the first 32 bits of its SHA-256)."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+
 def split_of(prompt_id: str, calibration_share: float = 0.05) -> str:
     """'calibration' for a stable ``calibration_share`` of prompt ids, else 'train'."""
-    digest = int(hashlib.sha256(prompt_id.encode()).hexdigest()[:8], 16)
-    return "calibration" if digest / 0xFFFFFFFF < calibration_share else "train"
+    return "calibration" if _stable_fraction(prompt_id) < calibration_share else "train"
 
 
 def held_out_for_validation(record_id: str, share: float) -> bool:
     """True for a stable ``share`` of regenerated records, scored by ``validate`` and never trained on."""
     if isinstance(share, bool) or not 0.0 <= share < 1.0:
         raise ValueError(f"share must be a float in [0, 1), got {share!r}")
-    digest = int(hashlib.sha256(f"validation:{record_id}".encode()).hexdigest()[:8], 16)
-    return digest / 0xFFFFFFFF < share
+    # Salted, so the validation hold-out is independent of the calibration split.
+    return _stable_fraction(f"validation:{record_id}") < share
 
 
 def training_prompts(data_dir: str | Path, split: str = "train", limit: int | None = None, seed: int = 0) -> list[PromptRecord]:
