@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--work-dir", default=None, help="regenerated data and checkpoints (default: <cache>/distill/<model>)")
     train.add_argument("--prompts", type=int, default=800, help="training prompts to regenerate answers for")
     train.add_argument("--max-new-tokens", type=int, default=256)
-    train.add_argument("--modes", default="greedy,sample", help="answers to regenerate: greedy and/or sample (temperature 1)")
+    train.add_argument("--modes", default="greedy,sample", help="answers to train on: greedy and/or sample (temperature 1) by the target, reference (the dataset's own answers)")
     train.add_argument("--generate-batch-size", type=int, default=8)
     train.add_argument(
         "--stage", default="all", choices=["all", "data", "train"],
@@ -152,7 +153,8 @@ def _train(args) -> None:
     if not data.is_file():
         raise SystemExit(f"no regenerated answers in {data}: run with --stage data or all first")
     records = distill.read_sequences(data)
-    print(f"{len(records)} regenerated sequences, {sum(len(r['response_ids']) for r in records)} response tokens in {data}")
+    counts = collections.Counter(record["mode"] for record in records)
+    print(f"{len(records)} sequences ({dict(counts)}), {sum(len(r['response_ids']) for r in records)} response tokens in {data}")
     layers = tuple(int(v) for v in args.target_layers.split(",")) if args.target_layers else distill.default_target_layers(target.config.num_hidden_layers)
     config = SemiARConfig(
         target=signature, target_layers=layers, block_size=args.block_size, num_layers=args.layers,
@@ -180,7 +182,8 @@ def _train(args) -> None:
         # One checkpoint folder per drafter shape, so a changed configuration never resumes a mismatched run.
         checkpoint = work_dir / f"checkpoint-{hashlib.sha256(config.to_json().encode()).hexdigest()[:10]}"
         training = [sequence for sequence, out in zip(store, held_out) if not out]
-        validation = [sequence for sequence, out in zip(store, held_out) if out]
+        # Scored on the target's own answers only: those are what drafting at inference time sees.
+        validation = [sequence for sequence, record, out in zip(store, records, held_out) if out and record["mode"] != "reference"]
         history = distill.train(drafter, training, train_config, checkpoint_dir=checkpoint, progress=bar, log=tqdm.write, validation=validation)
     drafter.save_pretrained(args.output, dtype=torch.float16)
     print(f"saved to {args.output} after {time.perf_counter() - started:.0f} s; last step: {history[-1] if history else 'resumed at the end'}")

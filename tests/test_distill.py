@@ -61,6 +61,9 @@ def _records(target, count=12, prompt_length=6, new_tokens=40):
 def test_training_prompts_split_and_refuse_eval():
     """Training and calibration prompts are disjoint, every source is used, and eval/ is refused."""
     train_prompts = training_prompts(TRAIN_DIR, "train", limit=40)
+    references = {prompt.id.split(":")[0]: prompt.reference for prompt in train_prompts}
+    assert references["sharegpt_prompts.jsonl"] is None and references["alpaca_5k.jsonl"]
+    assert "<<" not in references["gsm8k_train.jsonl"]
     calibration = training_prompts(TRAIN_DIR, "calibration", limit=40)
     assert len(train_prompts) == len(calibration) == 40
     assert not {p.id for p in train_prompts} & {p.id for p in calibration}
@@ -190,7 +193,10 @@ def _word_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(WordLevel({f"w{index}": index for index in range(VOCAB)}, unk_token="w0"))
     backend.pre_tokenizer = WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", pad_token="w0")
-    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }} {% endfor %}w3"
+    tokenizer.chat_template = (
+        "{% for message in messages %}{% if message['role'] == 'assistant' %}w4 {% endif %}{{ message['content'] }} w3 {% endfor %}"
+        "{% if add_generation_prompt %}w4 {% endif %}"
+    )
     return tokenizer
 
 
@@ -206,6 +212,18 @@ def test_regenerate_writes_the_targets_answers_and_resumes(tmp_path):
     assert greedy["response_ids"] == expected[: len(greedy["response_ids"])]
     regenerate(target, _word_tokenizer(), prompts, output, max_new_tokens=6, batch_size=2)
     assert len(read_sequences(output)) == len(records)
+
+
+def test_reference_mode_writes_the_dataset_answer_as_the_assistant_turn(tmp_path):
+    """Mode 'reference' stores the dataset's answer after the generation prompt, cut at EOS; prompts without one are skipped."""
+    target = build_model("llama")
+    # The tiny target's EOS is w2: the answer is kept up to it.
+    prompts = [PromptRecord(id="a", text="w5 w6", reference="w7 w8 w2 w9"), PromptRecord(id="b", text="w10")]
+    tokenizer = _word_tokenizer()
+    records = read_sequences(regenerate(target, tokenizer, prompts, tmp_path / "data.jsonl", modes=("reference",)))
+    assert records == [{"id": "a", "mode": "reference", "prompt_ids": [5, 6, 3, 4], "response_ids": [7, 8, 2]}]
+    with pytest.raises(ValueError, match="modes"):
+        regenerate(target, tokenizer, prompts, tmp_path / "other.jsonl", modes=("beam",))
 
 
 def test_frequent_tokens_are_the_most_common_response_tokens():

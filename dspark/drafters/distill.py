@@ -3,7 +3,9 @@
 1. ``training_prompts``: prompts from ``shared/data/train`` (never ``eval/``), split by a stable hash
    into a training part and a held-out calibration part.
 2. ``regenerate``: the target answers every prompt itself (greedy and temperature-1 samples), so the
-   drafter learns the target's own output; appended to a JSONL file, resumable.
+   drafter learns the target's own output; appended to a JSONL file, resumable. Mode 'reference' adds
+   the dataset's own answers as extra contexts (EAGLE-style fixed data): cheap, since they need one
+   target forward instead of hundreds, and the labels are still the target's distributions there.
 3. ``distillation_loss``: L = α_ce·L_ce + α_tv·L_tv + α_conf·L_conf with position weights
    w_k = exp(−(k−1)/γ) (eqs. 9–12), the confidence target c*_k = 1 − ½‖p_d − p_t‖₁ (eq. 8).
 4. ``build_target_store``: one target forward per sequence gives its features and top-K next-token
@@ -19,6 +21,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import time
 from pathlib import Path
 from typing import Iterator
@@ -50,20 +53,28 @@ __all__ = [
     "validate",
 ]
 
+def _instruction(record: dict) -> str:
+    return (record["instruction"] + "\n" + record["input"]).strip()
+
+
+# Per source file: the prompt text of a record, and its dataset answer (None where the source has none).
 TRAIN_SOURCES = {
-    "sharegpt_prompts.jsonl": lambda record: record["prompt"],
-    "alpaca_5k.jsonl": lambda record: (record["instruction"] + "\n" + record["input"]).strip(),
-    "code_alpaca_2k.jsonl": lambda record: (record["instruction"] + "\n" + record["input"]).strip(),
-    "gsm8k_train.jsonl": lambda record: record["question"],
+    "sharegpt_prompts.jsonl": (lambda record: record["prompt"], lambda record: None),
+    "alpaca_5k.jsonl": (_instruction, lambda record: record["output"]),
+    "code_alpaca_2k.jsonl": (_instruction, lambda record: record["output"]),
+    # GSM8K's calculator annotations (<<48/2=24>>) are tool markup no chat model writes.
+    "gsm8k_train.jsonl": (lambda record: record["question"], lambda record: re.sub(r"<<[^>]*>>", "", record["answer"])),
 }
+MODES = ("greedy", "sample", "reference")
 
 
 @attrs.frozen
 class PromptRecord:
-    """One training prompt: a stable id (source and line) and its text."""
+    """One training prompt: a stable id (source and line), its text and the dataset's answer if any."""
 
     id: str
     text: str
+    reference: str | None = None
 
 
 def _stable_fraction(key: str) -> float:
@@ -96,15 +107,12 @@ def training_prompts(data_dir: str | Path, split: str = "train", limit: int | No
     if split not in ("train", "calibration"):
         raise ValueError(f"split must be 'train' or 'calibration', got {split!r}")
     per_source = []
-    for name, text_of in TRAIN_SOURCES.items():
+    for name, (text_of, reference_of) in TRAIN_SOURCES.items():
         path = data_dir / name
         if not path.is_file():
             raise ValueError(f"data_dir {str(data_dir)!r} lacks {name}; expected the shared/data/train folder")
-        records = [
-            PromptRecord(id=f"{name}:{line_number}", text=text_of(json.loads(line)))
-            for line_number, line in enumerate(path.read_text().splitlines())
-            if line.strip()
-        ]
+        rows = [(line_number, json.loads(line)) for line_number, line in enumerate(path.read_text().splitlines()) if line.strip()]
+        records = [PromptRecord(id=f"{name}:{line_number}", text=text_of(row), reference=reference_of(row)) for line_number, row in rows]
         records = [record for record in records if record.text and split_of(record.id) == split]
         random.Random(f"{seed}:{name}").shuffle(records)
         per_source.append(records)
@@ -128,16 +136,17 @@ def regenerate(
 
     Prompts already in ``output`` for a mode are skipped, so an interrupted run resumes; prompts longer
     than ``max_prompt_tokens`` after the chat template are skipped too. 'sample' draws at temperature 1
-    with no truncation. ``progress`` is an optional tqdm-like bar.
+    with no truncation; 'reference' writes the dataset's answer as the assistant turn (no generation,
+    at most ``max_new_tokens`` tokens; prompts without one are skipped). ``progress``: tqdm-like bar.
     """
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     done = {(record["id"], record["mode"]) for record in read_sequences(output)} if output.exists() else set()
     tokenizer.padding_side = "left"
     for mode in modes:
-        if mode not in ("greedy", "sample"):
-            raise ValueError(f"modes must hold 'greedy' and/or 'sample', got {mode!r}")
-        pending = [prompt for prompt in prompts if (prompt.id, mode) not in done]
+        if mode not in MODES:
+            raise ValueError(f"modes must be among {MODES}, got {mode!r}")
+        pending = [prompt for prompt in prompts if (prompt.id, mode) not in done and (mode != "reference" or prompt.reference)]
         texts = {
             prompt.id: tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=False)
             for prompt in pending
@@ -147,6 +156,9 @@ def regenerate(
         # Similar lengths share a batch so little compute goes to padding, but only within windows of the
         # interleaved order: a global sort would spend an interrupted run on one source's short prompts.
         pending = [p for p in pending if lengths[p.id] <= max_prompt_tokens]
+        if mode == "reference":
+            _write_references(tokenizer, pending, texts, output, max_new_tokens, target.generation_config.eos_token_id, progress)
+            continue
         window = 8 * batch_size
         pending = [p for start in range(0, len(pending), window) for p in sorted(pending[start : start + window], key=lambda p: lengths[p.id])]
         for start in range(0, len(pending), batch_size):
@@ -165,6 +177,21 @@ def regenerate(
             if progress is not None:
                 progress.update(len(batch))
     return output
+
+
+def _write_references(tokenizer, prompts: list[PromptRecord], texts: dict[str, str], output: Path, max_new_tokens: int, eos, progress) -> None:
+    """Each prompt's dataset answer, rendered as the assistant turn by the chat template, up to its EOS."""
+    with output.open("a") as handle:
+        for prompt in prompts:
+            conversation = [{"role": "user", "content": prompt.text}, {"role": "assistant", "content": prompt.reference}]
+            full = tokenizer.apply_chat_template(conversation, tokenize=False)
+            if not full.startswith(texts[prompt.id]):
+                raise ValueError(f"the chat template of {type(tokenizer).__name__} does not extend the generation prompt with the answer")
+            prompt_ids = tokenizer(texts[prompt.id], add_special_tokens=False)["input_ids"]
+            response_ids = _until_eos(tokenizer(full[len(texts[prompt.id]) :], add_special_tokens=False)["input_ids"], eos)[:max_new_tokens]
+            handle.write(json.dumps({"id": prompt.id, "mode": "reference", "prompt_ids": prompt_ids, "response_ids": response_ids}) + "\n")
+            if progress is not None:
+                progress.update(1)
 
 
 def _until_eos(tokens: list[int], eos) -> list[int]:
