@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, default=2000)
     train.add_argument("--learning-rate", type=float, default=3e-4)
     train.add_argument("--warmup-steps", type=int, default=50)
+    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     train.add_argument("--sequences-per-step", type=int, default=4)
     train.add_argument("--anchors-per-sequence", type=int, default=16, help="anchor blocks drawn from each sequence per step")
     train.add_argument("--loss-weights", default="0.1,0.9,1.0", help="α_ce,α_tv,α_conf (paper §3.3: 0.1,0.9,1.0)")
@@ -175,7 +176,7 @@ def _train(args) -> None:
         return
     train_config = distill.TrainConfig(
         steps=args.steps, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, sequences_per_step=args.sequences_per_step,
-        anchors_per_sequence=args.anchors_per_sequence, loss_weights=args.loss_weights, seed=args.seed,
+        anchors_per_sequence=args.anchors_per_sequence, weight_decay=args.weight_decay, loss_weights=args.loss_weights, seed=args.seed,
     )
     started = time.perf_counter()
     with tqdm(total=args.steps, desc="training drafter", unit="step") as bar:

@@ -1,5 +1,6 @@
 """The dspark command line (dspark/cli.py) on the embedded SmolLM2."""
 
+import collections
 import json
 
 import pytest
@@ -20,17 +21,19 @@ def test_generate_streams_and_compares(capsys):
 
 
 def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
-    """`dspark train --stage data` regenerates answers and builds the target store; `--stage train` trains on them
+    """`dspark train --stage data` regenerates answers, adds dataset answers and builds the target store; `--stage train` trains on them
     without regenerating and saves an fp16 drafter that `dspark generate --drafter` uses losslessly."""
     common = ["train", "--work-dir", str(tmp_path / "work"), "--prompts", "4", "--max-new-tokens", "24", "--modes", "greedy"]
     with pytest.raises(SystemExit, match="no regenerated answers"):
         cli.main([*common, "--stage", "train", "--output", str(tmp_path / "drafter")])
-    cli.main([*common, "--stage", "data"])
+    cli.main([*common, "--stage", "data", "--modes", "greedy,reference"])
     assert list((tmp_path / "work").glob("targets-*/shard-*.safetensors")) and not (tmp_path / "drafter").exists()
     cli.main([*common, "--stage", "train", "--prompts", "8", "--output", str(tmp_path / "drafter"), "--steps", "2",
-              "--draft-vocab-size", "512", "--intermediate-size", "64", "--block-size", "3"])
+              "--draft-vocab-size", "512", "--intermediate-size", "64", "--block-size", "3", "--weight-decay", "0.01"])
     records = [json.loads(line) for line in (tmp_path / "work" / "data.jsonl").read_text().splitlines()]
-    assert len(records) == 4 and all(record["mode"] == "greedy" and record["response_ids"] for record in records)
+    # One prompt per source; ShareGPT has no dataset answer, so three references.
+    assert collections.Counter(record["mode"] for record in records) == {"greedy": 4, "reference": 3}
+    assert all(record["response_ids"] for record in records)
     config = json.loads((tmp_path / "drafter" / "config.json").read_text())
     assert config["draft_vocab_size"] == 512 and config["block_size"] == 3
     drafter = SemiARDrafter.from_pretrained(tmp_path / "drafter", target=load_target()[0])
