@@ -166,7 +166,10 @@ def _train(args) -> None:
     torch.manual_seed(args.seed)
     held_out = [distill.held_out_for_validation(record["id"], args.validation_share) for record in records]
     training_records = [record for record, out in zip(records, held_out) if not out]
-    drafter = SemiARDrafter(config, target, draft_vocab=distill.frequent_tokens(training_records, args.draft_vocab_size, signature.vocab_size))
+    # The draft vocabulary is the target's own most frequent tokens; dataset answers count only when
+    # nothing was regenerated (--modes reference alone).
+    own_answers = [record for record in training_records if record["mode"] != "reference"] or training_records
+    drafter = SemiARDrafter(config, target, draft_vocab=distill.frequent_tokens(own_answers, args.draft_vocab_size, signature.vocab_size))
     store_dir = work_dir / f"targets-{'-'.join(map(str, layers))}"
     with tqdm(total=len(records), desc="target features", unit="sequence") as bar:
         store = distill.build_target_store(
