@@ -165,10 +165,12 @@ def _train(args) -> None:
     )
     torch.manual_seed(args.seed)
     held_out = [distill.held_out_for_validation(record["id"], args.validation_share) for record in records]
+    # The target's own answers (not the datasets'): what drafting at inference time sees.
+    own = [record["mode"] != "reference" for record in records]
     training_records = [record for record, out in zip(records, held_out) if not out]
     # The draft vocabulary is the target's own most frequent tokens; dataset answers count only when
     # nothing was regenerated (--modes reference alone).
-    own_answers = [record for record in training_records if record["mode"] != "reference"] or training_records
+    own_answers = [record for record, out, is_own in zip(records, held_out, own) if is_own and not out] or training_records
     drafter = SemiARDrafter(config, target, draft_vocab=distill.frequent_tokens(own_answers, args.draft_vocab_size, signature.vocab_size))
     store_dir = work_dir / f"targets-{'-'.join(map(str, layers))}"
     with tqdm(total=len(records), desc="target features", unit="sequence") as bar:
@@ -186,8 +188,7 @@ def _train(args) -> None:
         # One checkpoint folder per drafter shape, so a changed configuration never resumes a mismatched run.
         checkpoint = work_dir / f"checkpoint-{hashlib.sha256(config.to_json().encode()).hexdigest()[:10]}"
         training = [sequence for sequence, out in zip(store, held_out) if not out]
-        # Scored on the target's own answers only: those are what drafting at inference time sees.
-        validation = [sequence for sequence, record, out in zip(store, records, held_out) if out and record["mode"] != "reference"]
+        validation = [sequence for sequence, out, is_own in zip(store, held_out, own) if out and is_own]
         history = distill.train(drafter, training, train_config, checkpoint_dir=checkpoint, progress=bar, log=tqdm.write, validation=validation)
     drafter.save_pretrained(args.output, dtype=torch.float16)
     print(f"saved to {args.output} after {time.perf_counter() - started:.0f} s; last step: {history[-1] if history else 'resumed at the end'}")

@@ -53,6 +53,7 @@ __all__ = [
     "validate",
 ]
 
+
 def _instruction(record: dict) -> str:
     return (record["instruction"] + "\n" + record["input"]).strip()
 
@@ -88,7 +89,8 @@ def split_of(prompt_id: str, calibration_share: float = 0.05) -> str:
 
 
 def held_out_for_validation(record_id: str, share: float) -> bool:
-    """True for a stable ``share`` of regenerated records, scored by ``validate`` and never trained on."""
+    """True for a stable ``share`` of record ids (all answers to one prompt alike), scored by ``validate``
+    and never trained on."""
     if isinstance(share, bool) or not 0.0 <= share < 1.0:
         raise ValueError(f"share must be a float in [0, 1), got {share!r}")
     # Salted, so the validation hold-out is independent of the calibration split.
