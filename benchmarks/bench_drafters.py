@@ -7,8 +7,10 @@ smoke test of the script — on Spec-Bench (every category), HumanEval and GSM8K
 
 * τ and the conditional acceptance per draft position, P(k accepted | 1..k−1 accepted), greedy and
   at temperature 1, plotted like the paper's Figure 2;
-* greedy tokens/s against HF ``generate`` and HF prompt lookup on the same prompts (outputs checked
-  token for token), and drafting time per step next to verification time;
+* greedy tokens/s against HF ``generate``, HF prompt lookup and dspark's own ``PromptLookupDrafter``
+  on the same prompts (outputs checked token for token), and drafting time per step next to
+  verification time and to one plain one-token target step (``FixedLength(0)``), the ratio the
+  drafting budget is stated in;
 * for a drafter whose config names a measured default verify rule, the speed of
   ``wrap(target, drafter)`` with that rule (``NAME_default``).
 
@@ -32,7 +34,7 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained
-from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature, distill
+from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature, distill
 from dspark.verify import FixedLength
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         speed[category][method][1] += seconds
 
     mismatches, defaults = [], collections.defaultdict(lambda: _Acceptance(args.gamma))
+    one_token_steps = [0.0, 0]  # target seconds, row steps of plain decoding
     for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
         encoded = encode_chat(bundle.tokenizer, [prompt["message"]])
         length = encoded["input_ids"].shape[1]
@@ -172,6 +175,14 @@ def main(argv: list[str] | None = None) -> dict:
         record_speed(prompt["category"], "hf_generate", reference, seconds)
         sequences, seconds = _timed(lambda: target.generate(**encoded, max_new_tokens=args.max_new_tokens, do_sample=False, prompt_lookup_num_tokens=10))
         record_speed(prompt["category"], "hf_prompt_lookup", generated_tokens(sequences, length, eos)[0], seconds)
+        result, seconds = _timed(lambda: dspark.wrap(target, PromptLookupDrafter()).generate(**encoded, max_new_tokens=args.max_new_tokens))
+        record_speed(prompt["category"], "dspark_prompt_lookup", generated_tokens(result.sequences, length, eos)[0], seconds)
+        if generated_tokens(result.sequences, length, eos)[0] != reference:
+            mismatches.append({"prompt": index, "drafter": "dspark_prompt_lookup"})
+        # Plain decoding through the same loop: the one-token target step that drafting is measured against.
+        plain = dspark.wrap(target, PromptLookupDrafter(), policy=FixedLength(0)).generate(**encoded, max_new_tokens=args.max_new_tokens).stats
+        one_token_steps[0] += plain.verify_seconds
+        one_token_steps[1] += plain.steps
         for name, drafter in drafters.items():
             model = dspark.wrap(target, drafter, policy=FixedLength(args.gamma))
             for mode in modes:
@@ -191,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
                 defaults[name].add(result.stats)
                 if tokens != reference:
                     mismatches.append({"prompt": index, "drafter": f"{name}_default"})
-    methods = ["hf_generate", "hf_prompt_lookup", *drafters, *(f"{name}_default" for name in defaults)]
+    methods = ["hf_generate", "hf_prompt_lookup", "dspark_prompt_lookup", *drafters, *(f"{name}_default" for name in defaults)]
     tokens_per_s = {
         category: {method: counts[method][0] / counts[method][1] for method in methods if counts[method][1]} for category, counts in speed.items()
     }
@@ -200,10 +211,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     overall = pooled(list(speed))
     chat = pooled([category for category in CHAT_CATEGORIES if category in speed]) if any(c in speed for c in CHAT_CATEGORIES) else {}
+    one_token_ms = 1000 * one_token_steps[0] / max(one_token_steps[1], 1)
     report = {
         "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["bench_drafters.py", *argv]),
         "settings": {"gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "drafters": list(drafters), "modes": modes},
         "acceptance": {mode: {name: counter.summary() for name, counter in by_name.items()} for mode, by_name in acceptance.items()},
+        "one_token_step_ms": one_token_ms,
+        # Drafting time per step (first mode) over one plain target step: the "at most 25%" budget.
+        "draft_cost_vs_one_token_step": {name: acceptance[modes[0]][name].summary()["draft_ms_per_step"] / one_token_ms for name in drafters},
         "default_policy": {name: {"policy": repr(drafters[name].default_policy), **counter.summary()} for name, counter in defaults.items()},
         "greedy_tokens_per_s": {"overall": overall, "categories": tokens_per_s},
         "speedup_vs_hf_generate": {method: overall[method] / overall["hf_generate"] for method in methods},
@@ -216,6 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
         for name, summary in report["acceptance"][mode].items():
             rates = " ".join(f"{rate:.2f}" for rate in summary["position_acceptance"])
             print(f"{mode:7s} {name:20s} τ {summary['tau']:.2f}  per position {rates}  draft {summary['draft_ms_per_step']:.1f} ms / verify {summary['verify_ms_per_step']:.1f} ms")
+    print(f"one-token target step {one_token_ms:.1f} ms; drafting / one-token step:", {name: round(value, 2) for name, value in report["draft_cost_vs_one_token_step"].items()})
     print("greedy speedup vs HF generate:", {method: round(value, 2) for method, value in report["speedup_vs_hf_generate"].items()})
     print("chat categories, speed vs HF prompt lookup:", {method: round(value, 2) for method, value in report["chat_speedup_vs_hf_prompt_lookup"].items()})
     print(f"greedy mismatches: {len(mismatches)}; wrote {args.output} and {args.output.with_suffix('.png')}")
