@@ -5,7 +5,7 @@ the CPU for a smoke test:
 
     python benchmarks/gpu_check.py                              # cuda when present, else cpu
     python benchmarks/gpu_check.py --device cpu --quick         # small sizes, fp32 + bf16 on the CPU
-    python benchmarks/gpu_check.py --drafter DIR                # also a trained SemiARDrafter
+    python benchmarks/gpu_check.py --drafter dspark/pretrained_drafters/smollm2-135m-instruct   # the shipped drafter
 
 The target is SmolLM2-135M-Instruct when it can be loaded here (``pretrained.load_target``), else a
 randomly initialised model with its exact configuration (the GGUF does not fit in the device

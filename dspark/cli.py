@@ -27,7 +27,10 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", help="the user message; the model's chat template is applied")
     generate.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
     generate.add_argument("--max-new-tokens", type=int, default=128)
-    generate.add_argument("--drafter", default=None, help="a trained SemiARDrafter directory (dspark train --output); default: prompt lookup")
+    generate.add_argument(
+        "--drafter", default=None,
+        help=f"a trained SemiARDrafter directory (dspark train --output), or {pretrained.PROMPT_LOOKUP!r}; default: the drafter shipped for the model",
+    )
     generate.add_argument("--max-draft-tokens", type=int, default=None, help="block width γ (default: the drafter's)")
     generate.add_argument("--compare", action="store_true", help="also time plain model.generate and check the outputs agree")
     generate.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -93,7 +96,7 @@ def _run_dspark(bundle, prompt, args) -> tuple[list[int], float]:
     seconds = time.perf_counter() - started
     tokens = _new_tokens(result.sequences, prompt["input_ids"].shape[1], bundle.target.generation_config.eos_token_id)
     speed = len(tokens) / seconds
-    print(f"\n[dspark] {len(tokens)} tokens in {seconds:.2f} s: {speed:.1f} tokens/s, τ {result.stats.tau:.2f}, {result.stats.steps} steps")
+    print(f"\n[dspark, {type(bundle.drafter).__name__}] {len(tokens)} tokens in {seconds:.2f} s: {speed:.1f} tokens/s, τ {result.stats.tau:.2f}, {result.stats.steps} steps")
     return tokens, speed
 
 

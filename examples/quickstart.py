@@ -1,4 +1,4 @@
-"""Greedy speculative decoding on the embedded SmolLM2 with prompt lookup, checked against HF generate."""
+"""Greedy speculative decoding on the embedded SmolLM2 with the DSpark drafter shipped for it, checked against HF generate."""
 
 import time
 

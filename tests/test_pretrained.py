@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from safetensors import safe_open
 
 import dspark
 from dspark import pretrained
@@ -29,14 +30,32 @@ def _chat_batch(tokenizer, prompts):
 
 
 def test_bundle_parts(bundle):
-    """The bundle carries a Llama target, its tokenizer and a prompt-lookup drafter for now."""
+    """The bundle carries a Llama target, its tokenizer and the DSpark drafter shipped for it."""
     assert bundle.target.config.vocab_size == 49152
-    assert isinstance(bundle.drafter, PromptLookupDrafter)
+    assert isinstance(bundle.drafter, SemiARDrafter)
+    assert bundle.drafter.config.sequential == "markov" and bundle.drafter.config.block_size == 7
     assert bundle.tokenizer.eos_token == "<|im_end|>"
 
 
+def test_shipped_drafter_files():
+    """The shipped drafter is a small fp16 safetensors file with its config and a model card naming the data licenses."""
+    directory = pretrained.shipped_drafter("smollm2-135m-instruct")
+    assert directory is not None
+    assert (directory / "model.safetensors").stat().st_size <= 30 * 2**20
+    card = (directory / "README.md").read_text()
+    assert "CC BY-NC 4.0" in card and "dspark train" in card
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as weights:
+        assert {weights.get_slice(name).get_dtype() for name in weights.keys()} <= {"F16", "I64"}
+
+
+def test_prompt_lookup_on_request(bundle):
+    """load(drafter="prompt-lookup") bundles the training-free n-gram drafter instead."""
+    loaded = pretrained.load("smollm2-135m-instruct", drafter=pretrained.PROMPT_LOOKUP)
+    assert isinstance(loaded.drafter, PromptLookupDrafter)
+
+
 def test_greedy_equals_hf_generate_on_smollm2(bundle):
-    """A mixed-length batch of chat prompts gives exactly HF's greedy output."""
+    """With the shipped drafter and its default policy, a mixed-length batch of chat prompts gives exactly HF's greedy output."""
     input_ids, attention_mask = _chat_batch(bundle.tokenizer, PROMPTS)
     expected = bundle.target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=40, do_sample=False)
     result = dspark.wrap(bundle.target, bundle.drafter).generate(input_ids, attention_mask=attention_mask, max_new_tokens=40)
