@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--learning-rate", type=float, default=3e-4)
     train.add_argument("--warmup-steps", type=int, default=50)
     train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    train.add_argument(
+        "--own-weight", type=int, default=1,
+        help="draw each of the target's own answers this many times as often as a dataset answer (--modes reference)",
+    )
     train.add_argument("--sequences-per-step", type=int, default=4)
     train.add_argument("--anchors-per-sequence", type=int, default=16, help="anchor blocks drawn from each sequence per step")
     train.add_argument("--loss-weights", default="0.1,0.9,1.0", help="α_ce,α_tv,α_conf (paper §3.3: 0.1,0.9,1.0)")
@@ -190,7 +194,10 @@ def _train(args) -> None:
     with tqdm(total=args.steps, desc="training drafter", unit="step") as bar:
         # One checkpoint folder per drafter shape, so a changed configuration never resumes a mismatched run.
         checkpoint = work_dir / f"checkpoint-{hashlib.sha256(config.to_json().encode()).hexdigest()[:10]}"
-        training = [sequence for sequence, out in zip(store, held_out) if not out]
+        # Dataset answers can outnumber the target's own; --own-weight repeats the own ones in the shuffled pool.
+        training = [sequence for sequence, out, is_own in zip(store, held_out, own) if not out for _ in range(args.own_weight if is_own else 1)]
+        own_training = sum(1 for out, is_own in zip(held_out, own) if is_own and not out)
+        tqdm.write(f"training pool: {len(training)} draws per pass, {own_training} own answers × {args.own_weight}, {len(training) - own_training * args.own_weight} dataset answers")
         validation = [sequence for sequence, out, is_own in zip(store, held_out, own) if out and is_own]
         history = distill.train(drafter, training, train_config, checkpoint_dir=checkpoint, progress=bar, log=tqdm.write, validation=validation)
     drafter.save_pretrained(args.output, dtype=torch.float16)
@@ -205,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--output is needed unless --stage data")
     if args.command == "train":
         args.loss_weights = _loss_weights(args.loss_weights, parser)
+        if args.own_weight < 1:
+            parser.error(f"--own-weight must be a positive integer, got {args.own_weight}")
     if args.command == "generate" and not args.sample and (args.temperature != 1.0 or args.top_p is not None):
         parser.error("--temperature and --top-p need --sample")
     # Loading progress bars would interleave with the streamed answer.

@@ -2,6 +2,7 @@
 
 import collections
 import json
+import re
 
 import pytest
 
@@ -22,14 +23,15 @@ def test_generate_streams_and_compares(capsys):
 
 def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
     """`dspark train --stage data` regenerates answers, adds dataset answers and builds the target store; `--stage train` trains on them
-    without regenerating and saves an fp16 drafter that `dspark generate --drafter` uses losslessly."""
+    without regenerating (own answers weighted up) and saves an fp16 drafter that `dspark generate --drafter` uses losslessly."""
     common = ["train", "--work-dir", str(tmp_path / "work"), "--prompts", "4", "--max-new-tokens", "24", "--modes", "greedy"]
     with pytest.raises(SystemExit, match="no regenerated answers"):
         cli.main([*common, "--stage", "train", "--output", str(tmp_path / "drafter")])
     cli.main([*common, "--stage", "data", "--modes", "greedy,reference"])
     assert list((tmp_path / "work").glob("targets-*/shard-*.safetensors")) and not (tmp_path / "drafter").exists()
     cli.main([*common, "--stage", "train", "--prompts", "8", "--output", str(tmp_path / "drafter"), "--steps", "2",
-              "--draft-vocab-size", "512", "--intermediate-size", "64", "--block-size", "3", "--weight-decay", "0.01"])
+              "--draft-vocab-size", "512", "--intermediate-size", "64", "--block-size", "3", "--weight-decay", "0.01", "--own-weight", "3"])
+    assert re.search(r"training pool: \d+ draws per pass, \d+ own answers × 3, \d+ dataset answers", capsys.readouterr().out)
     records = [json.loads(line) for line in (tmp_path / "work" / "data.jsonl").read_text().splitlines()]
     # One prompt per source; ShareGPT has no dataset answer, so three references.
     assert collections.Counter(record["mode"] for record in records) == {"greedy": 4, "reference": 3}
@@ -41,6 +43,13 @@ def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
     capsys.readouterr()
     cli.main(["generate", "Say hello.", "--max-new-tokens", "8", "--compare", "--drafter", str(tmp_path / "drafter")])
     assert "greedy outputs identical: True" in capsys.readouterr().out
+
+
+def test_train_refuses_a_non_positive_own_weight(capsys):
+    """--own-weight must be a positive integer; the error names the value."""
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--output", "unused", "--own-weight", "0"])
+    assert "--own-weight must be a positive integer, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("weights", ["1,2", "a,b,c", "0.1,-1,1"])
