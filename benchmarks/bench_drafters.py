@@ -14,7 +14,7 @@ smoke test of the script — on Spec-Bench (every category), HumanEval and GSM8K
 * for a drafter whose config names a measured default verify rule, the speed of
   ``wrap(target, drafter)`` with that rule (``NAME_default``).
 
-    python benchmarks/bench_drafters.py --drafter markov=drafters/smollm2-135m-instruct
+    python benchmarks/bench_drafters.py --drafter shipped=dspark/pretrained_drafters/smollm2-135m-instruct
     python benchmarks/bench_drafters.py --untrained --quick
 """
 
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         speed[category][method][1] += seconds
 
     mismatches, defaults = [], collections.defaultdict(lambda: _Acceptance(args.gamma))
-    one_token_steps = [0.0, 0]  # target seconds, row steps of plain decoding
+    plain_seconds, plain_steps = 0.0, 0
     for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
         encoded = encode_chat(bundle.tokenizer, [prompt["message"]])
         length = encoded["input_ids"].shape[1]
@@ -181,8 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
             mismatches.append({"prompt": index, "drafter": "dspark_prompt_lookup"})
         # Plain decoding through the same loop: the one-token target step that drafting is measured against.
         plain = dspark.wrap(target, PromptLookupDrafter(), policy=FixedLength(0)).generate(**encoded, max_new_tokens=args.max_new_tokens).stats
-        one_token_steps[0] += plain.verify_seconds
-        one_token_steps[1] += plain.steps
+        plain_seconds += plain.verify_seconds
+        plain_steps += plain.steps
         for name, drafter in drafters.items():
             model = dspark.wrap(target, drafter, policy=FixedLength(args.gamma))
             for mode in modes:
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     overall = pooled(list(speed))
     chat = pooled([category for category in CHAT_CATEGORIES if category in speed]) if any(c in speed for c in CHAT_CATEGORIES) else {}
-    one_token_ms = 1000 * one_token_steps[0] / max(one_token_steps[1], 1)
+    one_token_ms = 1000 * plain_seconds / max(plain_steps, 1)
     report = {
         "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["bench_drafters.py", *argv]),
         "settings": {"gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "drafters": list(drafters), "modes": modes},
