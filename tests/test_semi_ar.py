@@ -74,6 +74,22 @@ def test_save_load_round_trip(tmp_path, llama):
     assert torch.equal(first.probs, second.probs) and torch.equal(first.confidence, second.confidence)
 
 
+def test_loading_another_draft_vocabulary_rederives_the_reduced_head(llama):
+    """load_state_dict from a drafter with another draft vocabulary (a checkpoint) then drafts exactly like that drafter."""
+    config = SemiARConfig(target=TargetSignature.of(llama), target_layers=(2,), block_size=3, rank=4, intermediate_size=32, draft_vocab_size=50)
+    torch.manual_seed(0)
+    source = SemiARDrafter(config, llama, draft_vocab=torch.arange(10, 60)).eval()
+    loaded = SemiARDrafter(config, llama, draft_vocab=torch.arange(50, 100)).eval()
+    loaded.load_state_dict(source.state_dict())
+    assert torch.equal(loaded.draft_head, llama.get_output_embeddings().weight.detach()[10:60])
+    input_ids, attention_mask = left_padded_batch([5, 9])
+    context = dspark.DraftContext(
+        tokens=input_ids, begin=torch.tensor([4, 0]), end=torch.tensor([9, 9]), rows=torch.arange(2), step=0, sampling=dspark.SamplingConfig(),
+    )
+    first, second = source.propose(context, 3), loaded.propose(context, 3)
+    assert torch.equal(first.tokens, second.tokens) and torch.equal(first.probs, second.probs)
+
+
 def test_loading_for_another_target_is_refused(tmp_path, llama):
     """A drafter trained for one target refuses a target of another architecture or size."""
     _drafter(llama).save_pretrained(tmp_path)

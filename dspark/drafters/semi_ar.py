@@ -184,6 +184,11 @@ class _DraftLayer(nn.Module):
         return block + self.down(nn.functional.silu(self.gate(normed)) * self.up(normed))
 
 
+def _rederive_draft_head(drafter: "SemiARDrafter", incompatible_keys) -> None:
+    """load_state_dict post-hook: the reduced head must follow the draft vocabulary just loaded."""
+    drafter.draft_head = drafter._reduced_head()
+
+
 class SemiARDrafter(nn.Module):
     """The DSpark drafter: a parallel backbone on target features plus a sequential head and a
     confidence head. Implements ``dspark.Drafter``; see the module docstring for the math."""
@@ -207,9 +212,10 @@ class SemiARDrafter(nn.Module):
         if tuple(draft_vocab.shape) != (config.vocab_size,):
             raise ValueError(f"draft_vocab must hold draft_vocab_size={config.vocab_size} token ids, got shape {tuple(draft_vocab.shape)}")
         self.register_buffer("draft_vocab", draft_vocab.long().clone())
-        # The reduced LM head is derived from the frozen target head once; not saved with the drafter.
-        full_vocabulary = config.vocab_size == signature.vocab_size and torch.equal(self.draft_vocab, torch.arange(config.vocab_size))
-        self.register_buffer("draft_head", None if full_vocabulary else self.shared.head_weight.detach()[self.draft_vocab].clone(), persistent=False)
+        # The reduced LM head is derived from the frozen target head; not saved with the drafter, and
+        # derived again whenever load_state_dict brings in another draft vocabulary (e.g. a checkpoint).
+        self.register_buffer("draft_head", self._reduced_head(), persistent=False)
+        self.register_load_state_dict_post_hook(_rederive_draft_head)
         self.context_projection = nn.Linear(len(config.target_layers) * size, size, bias=False)
         self.context_norm = _RMSNorm(size, config.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(size))
@@ -224,6 +230,13 @@ class SemiARDrafter(nn.Module):
         self._rows: torch.Tensor | None = None
 
     # -- parts of one proposal ---------------------------------------------------------------
+
+    def _reduced_head(self) -> torch.Tensor | None:
+        """The target LM head's rows for ``draft_vocab``, or None when that is the whole vocabulary in order."""
+        head = self.shared.head_weight.detach()
+        if self.draft_vocab.numel() == head.shape[0] and torch.equal(self.draft_vocab.cpu(), torch.arange(head.shape[0])):
+            return None
+        return head[self.draft_vocab.to(head.device)].clone()
 
     def _head_weight(self) -> torch.Tensor:
         return self.shared.head_weight.detach() if self.draft_head is None else self.draft_head
