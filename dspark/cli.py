@@ -195,9 +195,10 @@ def _train(args) -> None:
         # One checkpoint folder per drafter shape, so a changed configuration never resumes a mismatched run.
         checkpoint = work_dir / f"checkpoint-{hashlib.sha256(config.to_json().encode()).hexdigest()[:10]}"
         # Dataset answers can outnumber the target's own; --own-weight repeats the own ones in the shuffled pool.
-        training = [sequence for sequence, out, is_own in zip(store, held_out, own) if not out for _ in range(args.own_weight if is_own else 1)]
-        own_training = sum(1 for out, is_own in zip(held_out, own) if is_own and not out)
-        tqdm.write(f"training pool: {len(training)} draws per pass, {own_training} own answers × {args.own_weight}, {len(training) - own_training * args.own_weight} dataset answers")
+        own_training = [sequence for sequence, out, is_own in zip(store, held_out, own) if is_own and not out]
+        dataset_training = [sequence for sequence, out, is_own in zip(store, held_out, own) if not is_own and not out]
+        training = own_training * args.own_weight + dataset_training
+        tqdm.write(f"training pool: {len(training)} draws per pass, {len(own_training)} own answers × {args.own_weight}, {len(dataset_training)} dataset answers")
         validation = [sequence for sequence, out, is_own in zip(store, held_out, own) if out and is_own]
         history = distill.train(drafter, training, train_config, checkpoint_dir=checkpoint, progress=bar, log=tqdm.write, validation=validation)
     drafter.save_pretrained(args.output, dtype=torch.float16)

@@ -48,7 +48,7 @@ def test_shipped_drafter_files():
         assert {weights.get_slice(name).get_dtype() for name in weights.keys()} <= {"F16", "I64"}
 
 
-def test_prompt_lookup_on_request(bundle):
+def test_prompt_lookup_on_request():
     """load(drafter="prompt-lookup") bundles the training-free n-gram drafter instead."""
     loaded = pretrained.load("smollm2-135m-instruct", drafter=pretrained.PROMPT_LOOKUP)
     assert isinstance(loaded.drafter, PromptLookupDrafter)
