@@ -121,6 +121,8 @@ class _Acceptance:
         return {
             "tau": self.tokens / max(self.row_steps, 1),
             "position_acceptance": rates,
+            # Blocks that reached each position: late rates rest on few blocks when early acceptance is low.
+            "position_reached": [int(count) for count in self.reached.tolist()],
             "draft_ms_per_step": 1000 * self.draft_seconds / max(self.row_steps, 1),
             "verify_ms_per_step": 1000 * self.verify_seconds / max(self.row_steps, 1),
         }
