@@ -11,6 +11,8 @@ smoke test of the script — on Spec-Bench (every category), HumanEval and GSM8K
   on the same prompts (outputs checked token for token), and drafting time per step next to
   verification time and to one plain one-token target step (``FixedLength(0)``), the ratio the
   drafting budget is stated in;
+* each drafter's τ over the parallel-only drafter's (when one is given) and its mean conditional
+  acceptance past position 1 — the suffix-decay comparison;
 * for a drafter whose config names a measured default verify rule, the speed of
   ``wrap(target, drafter)`` with that rule (``NAME_default``).
 
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
         "versus_parallel_only": {mode: _versus_parallel_only(drafters, summaries[mode]) for mode in modes},
         "one_token_step_ms": one_token_ms,
         # Drafting time per step (first mode) over one plain target step: the "at most 25%" budget.
-        "draft_cost_vs_one_token_step": {name: acceptance[modes[0]][name].summary()["draft_ms_per_step"] / one_token_ms for name in drafters},
+        "draft_cost_vs_one_token_step": {name: summaries[modes[0]][name]["draft_ms_per_step"] / one_token_ms for name in drafters},
         "default_policy": {name: {"policy": repr(drafters[name].default_policy), **counter.summary()} for name, counter in defaults.items()},
         "greedy_tokens_per_s": {"overall": overall, "categories": tokens_per_s},
         "speedup_vs_hf_generate": {method: overall[method] / overall["hf_generate"] for method in methods},
