@@ -1,11 +1,16 @@
 """dspark: lossless, confidence-scheduled speculative decoding for Hugging Face causal language models."""
 
+from typing import TYPE_CHECKING
+
 from dspark import cost_models, drafters, strategies, verify
 from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
 from dspark.speculative import SpeculativeModel, generate, wrap
 from dspark.stats import GenerationResult, GenerationStats, StepRecord, VerifiedToken
 from dspark.strategy import Strategy
 from dspark.types import Draft, DraftContext, SamplingConfig, StepOutcome
+
+if TYPE_CHECKING:
+    from dspark import pretrained
 
 __version__ = "0.1.0"
 
@@ -27,7 +32,17 @@ __all__ = [
     "cost_models",
     "drafters",
     "generate",
+    "pretrained",
     "strategies",
     "verify",
     "wrap",
 ]
+
+
+def __getattr__(name: str):
+    """Import ``dspark.pretrained`` on first use: its transformers model-loading imports double ``import dspark``'s time."""
+    if name == "pretrained":
+        import importlib
+
+        return importlib.import_module("dspark.pretrained")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
