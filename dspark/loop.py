@@ -8,11 +8,13 @@ prefix and adds one token, (6) the cache keeps accepted slots and the tokens are
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import attrs
 import torch
 
+from dspark.fast_path import FastPath
 from dspark.kv import RaggedCache
 from dspark.stats import GenerationResult, GenerationStats, StepRecord
 from dspark.strategy import Strategy
@@ -36,6 +38,11 @@ class LoopSpec:
     pad_token_id: int
     generator: torch.Generator | None = None
     streamer: object | None = None
+    fast_path: FastPath | None = None
+
+    def fast(self):
+        """The block in which dspark's own forwards (target and drafter) run: the fast path when set."""
+        return contextlib.nullcontext() if self.fast_path is None else self.fast_path.active()
 
 
 def _target_forward(
@@ -50,7 +57,8 @@ def _target_forward(
     if "logits_to_keep" in spec.forward_arguments:
         inputs["logits_to_keep"] = keep
     layers = spec.strategy.target_layers
-    outputs = spec.target(input_ids=tokens, output_hidden_states=bool(layers), **inputs)
+    with spec.fast():
+        outputs = spec.target(input_ids=tokens, output_hidden_states=bool(layers), **inputs)
     features = torch.cat([outputs.hidden_states[layer] for layer in layers], dim=-1).to(tokens.device) if layers else None
     return outputs.logits[:, -keep:].float().to(tokens.device), features
 
@@ -132,7 +140,8 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
             tokens=sequences[rows], begin=begin[rows], end=end[rows], rows=rows, step=step,
             sampling=spec.sampling, generator=spec.generator, features=features, feature_mask=feature_mask,
         )
-        draft = strategy.drafter.propose(context, max_tokens) if max_tokens > 0 else Draft.empty(rows.numel(), device)
+        with spec.fast():
+            draft = strategy.drafter.propose(context, max_tokens) if max_tokens > 0 else Draft.empty(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
         survival, verify_lengths = _schedule(strategy, draft, rows.numel(), max(max_tokens, 0), budget)
         drafted = time.perf_counter()

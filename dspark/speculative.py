@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dspark.fast_path import FastPath, linear_weights
 from dspark.kv import check_cache_support
 from dspark.loop import LoopSpec, run_generation
 from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
@@ -28,10 +29,31 @@ __all__ = ["SpeculativeModel", "wrap", "generate", "DEFAULT_DRAFT_TOKENS"]
 DEFAULT_DRAFT_TOKENS = 4
 
 
-class SpeculativeModel:
-    """A target model with a speculative decoding strategy; ``generate`` is lossless for any strategy."""
+def _resolve_fast_path(model: torch.nn.Module, drafter, fast_path) -> FastPath | None:
+    """None/True/False/a FastPath -> the FastPath dspark's forwards run under (None: plain forwards)."""
+    if fast_path is not None and not isinstance(fast_path, (bool, FastPath)):
+        raise TypeError(f"fast_path must be None (on for CPU targets), a bool or a dspark.fast_path.FastPath, got {type(fast_path).__name__}")
+    if fast_path is None:
+        # Accelerators already pick good kernels for few-row products; the gain is a CPU BLAS matter.
+        fast_path = model.get_output_embeddings().weight.device.type == "cpu"
+    if fast_path is False:
+        return None
+    if fast_path is True:
+        fast_path = FastPath.for_model(model)
+    if isinstance(drafter, torch.nn.Module):
+        fast_path.reserve(linear_weights(drafter))
+    return fast_path
 
-    def __init__(self, model: torch.nn.Module, strategy: Strategy):
+
+class SpeculativeModel:
+    """A target model with a speculative decoding strategy; ``generate`` is lossless for any strategy.
+
+    ``fast_path`` runs dspark's own target and drafter forwards on a ``dspark.fast_path.FastPath``:
+    None (default) turns it on for targets on the CPU, True or False force it, and a ``FastPath``
+    instance is used as given. ``model.generate`` and any other use of the model are untouched.
+    """
+
+    def __init__(self, model: torch.nn.Module, strategy: Strategy, fast_path: bool | FastPath | None = None):
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be a dspark.Strategy, got {type(strategy).__name__}")
         self.model = model
@@ -39,6 +61,7 @@ class SpeculativeModel:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.forward_arguments = check_forward_signature(model)
         check_drafter(strategy.drafter, self.vocab_size)
+        self.fast_path = _resolve_fast_path(model, strategy.drafter, fast_path)
 
     def __repr__(self) -> str:
         return f"SpeculativeModel({type(self.model).__name__}, {self.strategy!r})"
@@ -99,6 +122,7 @@ class SpeculativeModel:
             pad_token_id=int(pad_token_id),
             generator=generator,
             streamer=streamer,
+            fast_path=self.fast_path,
         )
         return run_generation(spec, input_ids, attention_mask)
 
@@ -111,13 +135,15 @@ def wrap(
     confidence: ConfidenceEstimator | None = None,
     cost_model: CostModel | None = None,
     max_draft_tokens: int | None = None,
+    fast_path: bool | FastPath | None = None,
 ) -> SpeculativeModel:
     """Compose ``drafter`` with a policy, an optional confidence estimator and a cost model around ``model``.
 
     With no ``policy``, the drafter's own ``default_policy`` (and ``default_confidence``, unless
     ``confidence`` is given) is used when it declares one, else every drafted token is verified.
     γ defaults to the policy's ``max_length`` when it has one, else to the drafter's
-    ``default_draft_tokens``, else ``DEFAULT_DRAFT_TOKENS``."""
+    ``default_draft_tokens``, else ``DEFAULT_DRAFT_TOKENS``. ``fast_path`` is ``SpeculativeModel``'s
+    (default: on for CPU targets; ``fast_path=False`` runs plain forwards)."""
     if policy is None and getattr(drafter, "default_policy", None) is not None:
         policy = drafter.default_policy
         confidence = getattr(drafter, "default_confidence", None) if confidence is None else confidence
@@ -135,12 +161,12 @@ def wrap(
     if cost_model is not None:
         strategy_arguments["cost_model"] = cost_model
     strategy = Strategy(**strategy_arguments)
-    return SpeculativeModel(model, strategy)
+    return SpeculativeModel(model, strategy, fast_path=fast_path)
 
 
 def generate(model: torch.nn.Module, input_ids: torch.Tensor, *, drafter: Drafter, attention_mask=None, **kwargs) -> GenerationResult:
     """One-call form of ``wrap(model, drafter).generate(input_ids, ...)``; wrap options (policy, confidence,
-    cost_model, max_draft_tokens) and generate options are both accepted as keywords."""
-    wrap_keys = ("policy", "confidence", "cost_model", "max_draft_tokens")
+    cost_model, max_draft_tokens, fast_path) and generate options are both accepted as keywords."""
+    wrap_keys = ("policy", "confidence", "cost_model", "max_draft_tokens", "fast_path")
     wrap_arguments = {key: kwargs.pop(key) for key in wrap_keys if key in kwargs}
     return wrap(model, drafter, **wrap_arguments).generate(input_ids, attention_mask=attention_mask, **kwargs)

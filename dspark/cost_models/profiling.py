@@ -1,0 +1,118 @@
+"""Measure what one target forward costs: seconds per step over (rows, new tokens per row, context).
+
+This is the table a profiled cost model interpolates and what ``benchmarks/bench_cost_curve.py``
+plots. A step is timed the way dspark's loop runs it: ``rows`` rows that each already hold
+``context`` tokens in a ``DynamicCache`` append ``tokens`` new tokens with an explicit 2-D
+``attention_mask`` and ``position_ids``, and logits are kept for the new positions only. The
+context's keys and values are random (a step's cost does not depend on their values), so a grid
+point costs no prefill; the cache is cropped back after every timed forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Iterable
+
+import attrs
+import torch
+from transformers import DynamicCache
+
+from dspark.checks import check_int
+from dspark.fast_path import FastPath
+
+__all__ = ["StepTiming", "measure_step_time", "cost_curve"]
+
+
+@attrs.frozen
+class StepTiming:
+    """Median seconds of ``repeats`` target forwards of ``rows`` × ``tokens`` new tokens after ``context``."""
+
+    rows: int
+    tokens: int
+    context: int
+    path: str
+    seconds: float
+    repeats: int
+
+
+def _cache_layout(model: torch.nn.Module, device: torch.device) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Per layer, the shape of one token's keys ([1, heads, 1, head_dim]) and their dtype, from a one-token forward."""
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), cache=cache, use_cache=True, logits_to_keep=1)
+    return [(tuple(keys.shape), keys.dtype) for keys, _, _ in cache]
+
+
+def _random_cache(layout, rows: int, context: int, device: torch.device, generator: torch.Generator) -> DynamicCache:
+    layers = []
+    for (_, heads, _, head_dim), dtype in layout:
+        shape = (rows, heads, context, head_dim)
+        layers.append(tuple(torch.randn(shape, generator=generator).to(device, dtype) for _ in range(2)))
+    return DynamicCache(ddp_cache_data=layers) if context > 0 else DynamicCache()
+
+
+def measure_step_time(
+    model: torch.nn.Module, rows: int, tokens: int, context: int, fast_path: FastPath | None = None, repeats: int = 5
+) -> StepTiming:
+    """Median seconds of one forward of ``rows`` rows × ``tokens`` new tokens after ``context`` cached
+    tokens, on ``fast_path`` when given (else plain forwards), after one untimed warm-up."""
+    check_int("rows", rows, 1)
+    check_int("tokens", tokens, 1)
+    check_int("context", context, 0)
+    check_int("repeats", repeats, 1)
+    return _measure(model, _cache_layout(model, _device(model)), rows, tokens, context, fast_path, repeats)
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return model.get_output_embeddings().weight.device
+
+
+def _measure(model, layout, rows: int, tokens: int, context: int, fast_path: FastPath | None, repeats: int) -> StepTiming:
+    device = _device(model)
+    generator = torch.Generator().manual_seed(rows * 1_000_003 + tokens * 1009 + context)
+    cache = _random_cache(layout, rows, context, device, generator)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    inputs = {
+        "input_ids": torch.randint(vocab, (rows, tokens), generator=generator).to(device),
+        "attention_mask": torch.ones((rows, context + tokens), dtype=torch.long, device=device),
+        "position_ids": torch.arange(context, context + tokens, device=device).expand(rows, tokens),
+        "cache": cache,
+        "use_cache": True,
+        "logits_to_keep": tokens,
+    }
+    seconds = []
+    with torch.inference_mode():
+        for attempt in range(repeats + 1):  # attempt 0 warms up (and lets the fast path measure new shapes)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            with fast_path.active() if fast_path is not None else contextlib.nullcontext():
+                model(**inputs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if attempt > 0:
+                seconds.append(time.perf_counter() - started)
+            cache.crop(-tokens)
+    path = "default" if fast_path is None else "fast"
+    return StepTiming(rows=rows, tokens=tokens, context=context, path=path, seconds=statistics.median(seconds), repeats=repeats)
+
+
+def cost_curve(
+    model: torch.nn.Module,
+    rows: Iterable[int] = (1, 2, 4, 8, 16, 32),
+    tokens: Iterable[int] = (1, 2, 4, 8, 16),
+    contexts: Iterable[int] = (300, 1000),
+    fast_path: FastPath | None = None,
+    repeats: int = 5,
+    progress: bool = True,
+) -> list[StepTiming]:
+    """``measure_step_time`` over the grid rows × tokens × contexts, with a progress bar when ``progress``."""
+    grid = [(context, row_count, token_count) for context in contexts for row_count in rows for token_count in tokens]
+    layout = _cache_layout(model, _device(model))
+    if progress:
+        from tqdm.auto import tqdm
+
+        grid = tqdm(grid, desc=f"step times ({'fast' if fast_path is not None else 'default'} path)", unit="point")
+    return [_measure(model, layout, row_count, token_count, context, fast_path, repeats) for context, row_count, token_count in grid]
