@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import threading
@@ -39,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from dspark.checks import check_int
+
 __all__ = ["FORMULATIONS", "REFERENCE_ROWS", "FastPath", "LinearChoice", "default_copy_budget", "linear_weights", "row_bucket"]
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ logger = logging.getLogger(__name__)
 #: Every formulation of ``x Wᵀ + b`` the fast path knows, in order of preference on a tie.
 FORMULATIONS = ("linear", "transposed", "pretransposed", "packed")
 _COPYING = frozenset({"pretransposed", "packed"})
+_COPYING_ORDER = tuple(name for name in FORMULATIONS if name in _COPYING)
 # Products with more rows than this are compute-bound; F.linear's GEMM is right for them.
 _MAX_TUNED_ROWS = 512
 #: Row counts whose savings decide which weights get copies: a plain step and an 8-token verify step.
@@ -87,6 +91,11 @@ class LinearChoice:
     @property
     def best(self) -> str:
         return self.ranking[0]
+
+
+def _seconds_of(choice: LinearChoice, formulation: str) -> float:
+    """The measured seconds of ``formulation`` in ``choice``; infinite where it was not measured or failed."""
+    return dict(zip(choice.ranking, choice.seconds)).get(formulation, math.inf)
 
 
 def _packed_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
@@ -214,8 +223,7 @@ class FastPath:
         candidates: tuple[str, ...] = FORMULATIONS,
         native_gqa: bool = True,
     ):
-        if isinstance(copy_budget, bool) or not isinstance(copy_budget, int) or copy_budget < 0:
-            raise ValueError(f"copy_budget must be an int >= 0 (bytes), got {copy_budget!r}")
+        check_int("copy_budget", copy_budget, 0)
         unknown = [name for name in candidates if name not in FORMULATIONS]
         if unknown or not candidates:
             raise ValueError(f"candidates must be a non-empty subset of {FORMULATIONS}, got {candidates!r}")
@@ -227,7 +235,7 @@ class FastPath:
         self.candidates = tuple(name for name in FORMULATIONS if name in candidates)
         self._choices: dict[str, LinearChoice] = {}
         self._copies: dict[int, _Copy] = {}
-        self._reserved: dict[int, tuple[weakref.ref, int]] = {}  # id(weight) -> (weight, bytes)
+        self._reserved: dict[int, tuple[weakref.ref, int, str]] = {}  # id(weight) -> (weight, bytes, copying formulation)
         self._lock = threading.Lock()
         self._load_cache()
 
@@ -252,8 +260,9 @@ class FastPath:
     def reserve(self, weights) -> None:
         """Grant weight copies to those of ``weights`` they help most, as far as the budget left reaches.
 
-        A weight's gain is the time its best copying formulation saves over the best other one, summed
-        over ``REFERENCE_ROWS``; weights are taken by gain per byte. Only reserved weights are ever
+        Each weight gets one copying formulation, the fastest summed over ``REFERENCE_ROWS``; its gain is
+        the time that copy saves over the best non-copying formulation, summed over the same rows, and
+        weights are taken by gain per byte. Only reserved weights are ever
         copied, and only on first use, so a weight seen under another identity (an offloaded layer
         materialised per call, say) never costs memory.
         """
@@ -261,32 +270,36 @@ class FastPath:
         for weight in {id(weight): weight for weight in weights}.values():
             if self._is_reserved(weight) or weight.dim() != 2 or not weight.is_floating_point() or weight.device.type == "meta":
                 continue
-            gain = sum(self._copy_gain(self.choice(*weight.shape, rows, weight.dtype, weight.device)) for rows in REFERENCE_ROWS)
+            if weight.is_inference():
+                continue  # no version counter, so an in-place change could not be told from a stale copy
+            choices = [self.choice(*weight.shape, rows, weight.dtype, weight.device) for rows in REFERENCE_ROWS]
+            # One copying formulation per weight, fastest over REFERENCE_ROWS: row counts that favour
+            # different ones would otherwise rebuild the copy at every switch.
+            formulation = min(_COPYING_ORDER, key=lambda name: sum(_seconds_of(choice, name) for choice in choices))
+            gain = sum(self._copy_gain(choice, formulation) for choice in choices)
             if gain > 0:
-                gains.append((gain / (weight.numel() * weight.element_size()), weight))
+                gains.append((gain / (weight.numel() * weight.element_size()), weight, formulation))
         remaining = self.copy_budget - self.reserved_bytes
-        for _, weight in sorted(gains, key=lambda pair: pair[0], reverse=True):
+        for _, weight, formulation in sorted(gains, key=lambda entry: entry[0], reverse=True):
             size = weight.numel() * weight.element_size()
             if size <= remaining:
-                self._reserved[id(weight)] = (weakref.ref(weight), size)
+                self._reserved[id(weight)] = (weakref.ref(weight), size, formulation)
                 remaining -= size
 
     @property
     def reserved_bytes(self) -> int:
         """Bytes granted to weight copies (made on first use): never more than ``copy_budget``."""
-        return sum(size for reference, size in self._reserved.values() if reference() is not None)
+        return sum(size for reference, size, _ in self._reserved.values() if reference() is not None)
 
     def _is_reserved(self, weight: torch.Tensor) -> bool:
         entry = self._reserved.get(id(weight))
         return entry is not None and entry[0]() is weight
 
     @staticmethod
-    def _copy_gain(choice: LinearChoice) -> float:
-        """Seconds the best copying formulation saves over the best non-copying one (0 if none)."""
-        timings = dict(zip(choice.ranking, choice.seconds))
-        copying = [timings[name] for name in timings if name in _COPYING]
-        plain = [timings[name] for name in timings if name not in _COPYING]
-        return max(0.0, min(plain) - min(copying)) if copying and plain else 0.0
+    def _copy_gain(choice: LinearChoice, formulation: str) -> float:
+        """Seconds the copying ``formulation`` saves over the best non-copying one (0 if none)."""
+        plain = [_seconds_of(choice, name) for name in FORMULATIONS if name not in _COPYING]
+        return max(0.0, min(plain) - _seconds_of(choice, formulation))
 
     # -- what the router calls --------------------------------------------------------------------
 
@@ -364,7 +377,7 @@ class FastPath:
         entry = self._copies.get(key)
         if entry is not None and entry.formulation == formulation and entry.version == weight._version and entry.pointer == weight.data_ptr():
             return entry.copy
-        if not self._is_reserved(weight):
+        if not self._is_reserved(weight) or self._reserved[key][2] != formulation:
             return None
         copies = self._copies
         # The copy goes when the weight does: nothing outlives the model it was made for.
@@ -393,19 +406,21 @@ class FastPath:
         if self.cache_file is None or not self.cache_file.is_file():
             return
         try:
-            stored = json.loads(self.cache_file.read_text())
-        except (OSError, json.JSONDecodeError) as error:
+            stored = json.loads(self.cache_file.read_text())  # ValueError covers bad JSON and bad UTF-8
+            if stored.get("version") != _CACHE_VERSION or tuple(stored.get("candidates", ())) != self.candidates:
+                return  # another layout or another candidate set: measure again and overwrite
+            choices = {
+                key: LinearChoice(**{**values, "ranking": tuple(values["ranking"]), "seconds": tuple(values["seconds"])})
+                for key, values in stored.get("choices", {}).items()
+            }
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
             logger.warning("ignoring unreadable fast-path cache %s: %s", self.cache_file, error)
             return
-        if stored.get("version") != _CACHE_VERSION or tuple(stored.get("candidates", ())) != self.candidates:
-            return  # another layout or another candidate set: measure again and overwrite
-        for key, values in stored.get("choices", {}).items():
-            self._choices[key] = LinearChoice(**{**values, "ranking": tuple(values["ranking"]), "seconds": tuple(values["seconds"])})
+        self._choices.update(choices)
 
     def _save_cache(self) -> None:
         if self.cache_file is None:
             return
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "version": _CACHE_VERSION,
             "machine": _machine_fingerprint(),
@@ -413,5 +428,9 @@ class FastPath:
             "choices": {key: attrs.asdict(choice) for key, choice in self._choices.items()},
         }
         partial = self.cache_file.with_name(f"{self.cache_file.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(payload, indent=1))
-        os.replace(partial, self.cache_file)
+        try:
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(payload, indent=1))
+            os.replace(partial, self.cache_file)
+        except OSError as error:  # a read-only or full disk costs re-measuring next time, never the forward
+            logger.warning("could not write the fast-path cache %s: %s", self.cache_file, error)

@@ -49,3 +49,20 @@ def logits_tensors(max_rows: int = 3, max_vocab: int = 20):
 def _logits(rows: int, vocab: int, seed: int, ties: bool) -> torch.Tensor:
     logits = torch.randn((rows, vocab), generator=torch.Generator().manual_seed(seed)) * 3
     return logits.round() if ties else logits
+
+
+@st.composite
+def linear_problems(draw, max_features: int = 40, max_rows: int = 24):
+    """(x, weight [out, in], bias [out] or None) for y = x Wᵀ + b: x is 1-D, 2-D (sometimes a
+    non-contiguous view) or 3-D, with one row or several."""
+    out_features = draw(st.integers(1, max_features))
+    in_features = draw(st.integers(1, max_features))
+    leading = draw(st.one_of(st.just(()), st.tuples(st.integers(1, max_rows)), st.tuples(st.integers(1, 4), st.integers(1, max_rows // 4))))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    weight = torch.randn((out_features, in_features), generator=generator) / in_features**0.5
+    bias = torch.randn((out_features,), generator=generator) if draw(st.booleans()) else None
+    if len(leading) == 1 and draw(st.booleans()):
+        x = torch.randn((in_features, *leading), generator=generator).T  # a strided view, as after a transpose
+    else:
+        x = torch.randn((*leading, in_features), generator=generator)
+    return x, weight, bias

@@ -1,0 +1,441 @@
+"""dspark/fast_path.py: every formulation equals F.linear, routing only inside active(), copies within budget, the disk cache."""
+
+import gc
+import inspect
+import json
+import logging
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dspark
+from dspark import fast_path
+from dspark.drafters import PromptLookupDrafter
+from dspark.fast_path import FORMULATIONS, REFERENCE_ROWS, FastPath, linear_weights, row_bucket
+from tests.conftest import build_model, left_padded_batch
+from tests.strategies import linear_problems
+
+COPYING = ("pretransposed", "packed")
+GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
+def _ranked_first(formulation: str):
+    """A stand-in for ``fast_path._seconds`` under which ``formulation`` measures fastest, then the
+    others in FORMULATIONS order, without timing anything."""
+
+    def seconds(function, budget=0.03):
+        timed = inspect.getclosurevars(function).nonlocals["formulation"]
+        return 1.0 if timed == formulation else 2.0 + FORMULATIONS.index(timed)
+
+    return seconds
+
+
+def _tight(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    return torch.allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def _snapshot(model) -> dict:
+    """Everything about ``model`` that using a fast path must not change."""
+    return {
+        "state": {name: tensor.clone() for name, tensor in model.state_dict().items()},
+        "attributes": {name: sorted(module.__dict__) for name, module in model.named_modules()},
+        "hooks": {name: (len(module._forward_hooks), len(module._forward_pre_hooks)) for name, module in model.named_modules()},
+        "config": model.config.to_dict(),
+    }
+
+
+def _same(before: dict, after: dict) -> bool:
+    return (
+        before["state"].keys() == after["state"].keys()
+        and all(torch.equal(tensor, after["state"][name]) for name, tensor in before["state"].items())
+        and {key: before[key] for key in ("attributes", "hooks", "config")} == {key: after[key] for key in ("attributes", "hooks", "config")}
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_gqa_variable(monkeypatch):
+    monkeypatch.delenv(GQA, raising=False)
+
+
+# -- every formulation is F.linear ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+@given(problem=linear_problems())
+@settings(max_examples=40, deadline=None)
+def test_each_formulation_equals_f_linear(formulation, problem):
+    """_apply with _make_copy's copy gives F.linear's result to float rounding, with and without bias."""
+    x, weight, bias = problem
+    flat = x.reshape(-1, x.shape[-1])
+    result = fast_path._apply(formulation, flat, weight, bias, fast_path._make_copy(formulation, weight))
+    expected = F.linear(flat, weight, bias)
+    assert result.shape == expected.shape and result.is_contiguous()
+    assert _tight(result, expected)
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+@given(problem=linear_problems())
+@settings(max_examples=40, deadline=None)
+def test_fast_path_linear_equals_f_linear(formulation, problem):
+    """FastPath.linear on a 1-D, 2-D or 3-D input gives F.linear's shape and values, contiguous, by the chosen formulation."""
+    x, weight, bias = problem
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fast_path, "_seconds", _ranked_first(formulation))
+        path = FastPath(copy_budget=weight.numel() * weight.element_size())
+        path.reserve([weight])
+        result = path.linear(x, weight, bias)
+    expected = F.linear(x, weight, bias)
+    assert result.shape == expected.shape and result.is_contiguous()
+    assert _tight(result, expected)
+    rows = x.numel() // x.shape[-1]
+    assert path.choice(*weight.shape, rows, weight.dtype, weight.device).best == formulation
+    assert path.copy_bytes == (weight.numel() * weight.element_size() if formulation in COPYING else 0)
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+def test_half_precision_formulations_match_f_linear(formulation, monkeypatch):
+    """In bfloat16 each formulation the fast path accepts agrees with F.linear to bfloat16 rounding."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first(formulation))
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn((48, 40), generator=generator) / 40**0.5).bfloat16()
+    x = torch.randn((2, 5, 40), generator=generator).bfloat16()
+    path = FastPath(copy_budget=weight.numel() * weight.element_size())
+    path.reserve([weight])
+    result, expected = path.linear(x, weight), F.linear(x, weight)
+    assert result.shape == expected.shape and result.dtype == torch.bfloat16
+    assert torch.allclose(result.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_inputs_the_fast_path_does_not_tune_go_to_f_linear():
+    """More than 512 rows and inputs that need gradients are left to F.linear: no choice is measured, gradients flow."""
+    path = FastPath()
+    weight = torch.randn(6, 5)
+    many = torch.randn(600, 5)
+    assert torch.equal(path.linear(many, weight), F.linear(many, weight))
+    x = torch.randn(3, 5, requires_grad=True)
+    path.linear(x, weight).sum().backward()
+    assert _tight(x.grad, weight.sum(0).expand(3, 5))
+    assert path.choices() == []
+
+
+@given(rows=st.integers(1, 4096))
+def test_row_bucket_covers_the_rows(rows):
+    """A product is tuned at no fewer rows than it has, and a bucket is its own bucket."""
+    assert row_bucket(rows) >= rows and row_bucket(row_bucket(rows)) == row_bucket(rows)
+
+
+# -- routing only inside active() ---------------------------------------------------------------------
+
+
+def test_linear_layer_inside_active_is_routed_and_agrees():
+    """An nn.Linear called inside active() is measured and recorded, and gives the plain result."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 40)
+    x = torch.randn(3, 7, 24)
+    path = FastPath()
+    with path.active():
+        routed = layer(x)
+    assert _tight(routed, layer(x))
+    assert [(choice.out_features, choice.in_features, choice.rows) for choice in path.choices()] == [(40, 24, row_bucket(21))]
+
+
+def test_llama_forward_inside_active_agrees_and_leaves_the_model_alone(tmp_path):
+    """A padded tiny-Llama forward on the fast path matches the plain one; every linear shape is recorded;
+    the model's weights, attributes, hooks and config are unchanged, and outside active() nothing is routed."""
+    model = build_model("llama")
+    before = _snapshot(model)
+    input_ids, attention_mask = left_padded_batch([7, 3, 5])
+    path = FastPath.for_model(model, cache_dir=tmp_path)
+    with torch.inference_mode():
+        plain = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        with path.active():
+            fast = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        assert (fast - plain).abs().max() < 1e-5
+        recorded = path.choices()
+        assert {(c.out_features, c.in_features) for c in recorded} == {tuple(weight.shape) for weight in linear_weights(model)}
+        assert {c.rows for c in recorded} >= {row_bucket(input_ids.numel())}
+        model(input_ids=input_ids[:, -1:], attention_mask=attention_mask[:, -1:])  # 3 rows: a bucket not measured before
+    assert path.choices() == recorded
+    assert _same(before, _snapshot(model))
+
+
+def test_native_gqa_variable_is_set_only_inside_the_block():
+    """TRANSFORMERS_SDPA_FORCE_GQA is 1 inside active() only, also for nested blocks and on error; without native_gqa it is never set."""
+    path, other = FastPath(), FastPath()
+    with path.active():
+        assert os.environ[GQA] == "1"
+        with other.active():
+            assert os.environ[GQA] == "1"
+        assert os.environ[GQA] == "1"
+    assert GQA not in os.environ
+    with pytest.raises(KeyError), path.active():
+        raise KeyError("inside")
+    assert GQA not in os.environ
+    with FastPath(native_gqa=False).active():
+        assert GQA not in os.environ
+
+
+def test_native_gqa_restores_a_value_set_before(monkeypatch):
+    """A TRANSFORMERS_SDPA_FORCE_GQA set before the block is overridden inside it and restored after."""
+    monkeypatch.setenv(GQA, "0")
+    with FastPath().active():
+        assert os.environ[GQA] == "1"
+    assert os.environ[GQA] == "0"
+
+
+# -- weight copies -------------------------------------------------------------------------------------
+
+
+def test_zero_budget_makes_no_copies_and_stays_exact(tmp_path, monkeypatch):
+    """copy_budget=0 reserves and copies nothing even when a copying formulation is fastest; outputs stay right."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    model = build_model("llama")
+    input_ids, attention_mask = left_padded_batch([6, 4])
+    path = FastPath.for_model(model, copy_budget=0, cache_dir=tmp_path)
+    with torch.inference_mode():
+        with path.active():
+            fast = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        plain = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    assert path.reserved_bytes == 0 and path.copy_bytes == 0
+    assert _tight(fast, plain)
+
+
+@pytest.mark.parametrize("formulation", COPYING)
+def test_copies_stay_within_the_budget(tmp_path, monkeypatch, formulation):
+    """With room for one small weight, exactly one copy is made; reserved ≤ budget, copies ≤ reserved; outputs right."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first(formulation))
+    model = build_model("llama")
+    smallest = min(weight.numel() * weight.element_size() for weight in linear_weights(model))
+    input_ids, attention_mask = left_padded_batch([6, 4])
+    path = FastPath.for_model(model, copy_budget=smallest + 100, cache_dir=tmp_path)
+    assert path.reserved_bytes == smallest
+    with torch.inference_mode():
+        with path.active():
+            fast = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        plain = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    assert path.copy_bytes == smallest <= path.reserved_bytes <= path.copy_budget
+    assert _tight(fast, plain)
+
+
+def test_only_reserved_weights_are_copied(monkeypatch):
+    """A layer whose weight was not reserved runs without a copy, however large the budget."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    reserved, other = torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)
+    path = FastPath(copy_budget=10**9)
+    path.reserve([reserved.weight])
+    x = torch.randn(4, 16)
+    with path.active():
+        result = other(x)
+    assert path.copy_bytes == 0 and _tight(result, other(x))
+    with path.active():
+        reserved(x)
+    assert path.copy_bytes == reserved.weight.numel() * reserved.weight.element_size()
+
+
+@pytest.mark.parametrize("formulation", COPYING)
+@pytest.mark.parametrize("change", ["add_", "new data"])
+def test_a_changed_weight_gets_a_fresh_copy(monkeypatch, formulation, change):
+    """After an in-place change to a reserved weight (or new data under it) the fast path gives the new F.linear result."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first(formulation))
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(3, 16)
+    path = FastPath(copy_budget=10**9)
+    path.reserve([layer.weight])
+    with path.active():
+        layer(x)
+    assert path.copy_bytes > 0
+    with torch.no_grad():
+        if change == "add_":
+            layer.weight.add_(1.0)
+        else:
+            layer.weight.data = torch.randn(8, 16)
+    with path.active():
+        result = layer(x)
+    assert _tight(result, F.linear(x, layer.weight, layer.bias))
+
+
+def test_a_weight_keeps_one_copy_across_row_counts(monkeypatch):
+    """When one row favours the pre-transposed copy and eight rows the packed one, the weight still gets a
+    single copy, made once, and every row count stays exact."""
+
+    def seconds(function, budget=0.03):
+        closure = inspect.getclosurevars(function).nonlocals
+        favourite = "pretransposed" if closure["x"].shape[0] == 1 else "packed"
+        return 1.0 if closure["formulation"] == favourite else 2.0 + FORMULATIONS.index(closure["formulation"])
+
+    monkeypatch.setattr(fast_path, "_seconds", seconds)
+    made = []
+    make_copy = fast_path._make_copy
+    monkeypatch.setattr(fast_path, "_make_copy", lambda formulation, weight: made.append(formulation) or make_copy(formulation, weight))
+    layer = torch.nn.Linear(16, 8)
+    path = FastPath(copy_budget=10**9)
+    path.reserve([layer.weight])
+    made.clear()  # the copies the measurements made
+    with path.active():
+        for rows in (1, 8, 1, 8, 1):
+            x = torch.randn(rows, 16)
+            assert _tight(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert len(made) == 1 and path.copy_bytes == layer.weight.numel() * layer.weight.element_size()
+
+
+def test_a_copy_goes_with_its_weight(monkeypatch):
+    """Once a reserved weight is garbage collected its copy and its reservation are gone."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    layer = torch.nn.Linear(16, 8)
+    path = FastPath(copy_budget=10**9)
+    path.reserve([layer.weight])
+    with path.active():
+        layer(torch.randn(2, 16))
+    assert path.copy_bytes > 0 and path.reserved_bytes > 0
+    del layer
+    gc.collect()
+    assert path.copy_bytes == 0 and path.reserved_bytes == 0
+
+
+def test_inference_mode_weights_run_on_the_fast_path(monkeypatch):
+    """A model built under torch.inference_mode (weights without version counters) gets no copies and stays exact."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    with torch.inference_mode():
+        layer = torch.nn.Linear(16, 8)
+    path = FastPath(copy_budget=10**9)
+    path.reserve([layer.weight])
+    x = torch.randn(3, 16)
+    with path.active():
+        result = layer(x)
+    assert path.copy_bytes == 0 and _tight(result, F.linear(x, layer.weight, layer.bias))
+
+
+# -- the disk cache ---------------------------------------------------------------------------------------
+
+
+def _measure_a_few(path: FastPath) -> None:
+    for rows in (1, 3, 8):
+        path.linear(torch.randn(rows, 12), torch.randn(20, 12))
+
+
+def test_cached_choices_load_without_measuring(tmp_path, monkeypatch):
+    """A second FastPath (or for_model) on the same cache file has the first one's choices and measures nothing."""
+    first = FastPath(cache_file=tmp_path / "choices.json")
+    _measure_a_few(first)
+    model = build_model("llama")
+    FastPath.for_model(model, cache_dir=tmp_path)
+
+    def no_timing(function, budget=0.03):
+        raise AssertionError("measured although the choice was cached")
+
+    monkeypatch.setattr(fast_path, "_seconds", no_timing)
+    second = FastPath(cache_file=tmp_path / "choices.json")
+    assert second.choices() == first.choices() and len(second.choices()) == 3
+    _measure_a_few(second)
+    FastPath.for_model(model, cache_dir=tmp_path)
+
+
+def test_a_cache_for_other_candidates_is_ignored(tmp_path):
+    """Choices cached for another candidate set are not used, and the file is rewritten for the new set."""
+    _measure_a_few(FastPath(cache_file=tmp_path / "choices.json"))
+    narrow = FastPath(cache_file=tmp_path / "choices.json", candidates=("linear", "transposed"))
+    assert narrow.choices() == []
+    _measure_a_few(narrow)
+    assert json.loads((tmp_path / "choices.json").read_text())["candidates"] == ["linear", "transposed"]
+    assert all(set(choice.ranking) <= {"linear", "transposed"} for choice in narrow.choices())
+
+
+@pytest.mark.parametrize(
+    "contents",
+    [b"{not json", b"\xff\xfe\x00 binary", b"[1, 2]", json.dumps({"version": 1, "candidates": list(FORMULATIONS), "choices": {"8x4|1|float32|cpu": {"rows": 1}}}).encode()],
+    ids=["truncated", "not-utf8", "not-a-dict", "malformed-choice"],
+)
+def test_an_unreadable_cache_is_ignored_with_a_warning(tmp_path, caplog, contents):
+    """A corrupt cache file logs a warning and the fast path measures afresh instead of failing."""
+    cache_file = tmp_path / "choices.json"
+    cache_file.write_bytes(contents)
+    with caplog.at_level(logging.WARNING, logger="dspark.fast_path"):
+        path = FastPath(cache_file=cache_file)
+    assert path.choices() == []
+    assert any("fast-path cache" in record.getMessage() for record in caplog.records)
+    x, weight = torch.randn(2, 4), torch.randn(8, 4)
+    assert _tight(path.linear(x, weight), F.linear(x, weight))
+
+
+def test_an_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog):
+    """When the cache file cannot be written the product still runs, with a warning."""
+    (tmp_path / "a-file").write_text("")
+    path = FastPath(cache_file=tmp_path / "a-file" / "choices.json")
+    x, weight = torch.randn(2, 4), torch.randn(8, 4)
+    with caplog.at_level(logging.WARNING, logger="dspark.fast_path"):
+        assert _tight(path.linear(x, weight), F.linear(x, weight))
+    assert any("fast-path cache" in record.getMessage() for record in caplog.records)
+
+
+# -- bad input ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "arguments, error, name",
+    [
+        ({"copy_budget": -1}, ValueError, "copy_budget"),
+        ({"copy_budget": True}, TypeError, "copy_budget"),
+        ({"copy_budget": 1.5}, TypeError, "copy_budget"),
+        ({"candidates": ("linear", "fastest")}, ValueError, "candidates"),
+        ({"candidates": ()}, ValueError, "candidates"),
+        ({"native_gqa": "yes"}, TypeError, "native_gqa"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(arguments, error, name):
+    """FastPath refuses a bad copy_budget, candidates or native_gqa with an error naming it."""
+    with pytest.raises(error, match=name):
+        FastPath(**arguments)
+
+
+def test_wrap_refuses_a_bad_fast_path(llama):
+    """wrap's fast_path must be None, a bool or a FastPath."""
+    with pytest.raises(TypeError, match="fast_path"):
+        dspark.wrap(llama, PromptLookupDrafter(), fast_path="yes")
+
+
+# -- inside dspark ---------------------------------------------------------------------------------------------
+
+
+def test_wrap_turns_the_fast_path_on_for_cpu_targets(llama, tmp_path, monkeypatch):
+    """On a CPU target the default is a FastPath (cached under DSPARK_CACHE); False gives None; an instance is used as given."""
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))
+    assert isinstance(dspark.wrap(llama, PromptLookupDrafter()).fast_path, FastPath)
+    assert list((tmp_path / "fast_path").glob("linear_choices_*.json"))
+    assert isinstance(dspark.wrap(llama, PromptLookupDrafter(), fast_path=True).fast_path, FastPath)
+    assert dspark.wrap(llama, PromptLookupDrafter(), fast_path=False).fast_path is None
+    given_path = FastPath.for_model(llama, cache_dir=tmp_path)
+    assert dspark.wrap(llama, PromptLookupDrafter(), fast_path=given_path).fast_path is given_path
+
+
+def _greedy_matches(target, path) -> None:
+    input_ids, attention_mask = left_padded_batch([7, 12, 3, 9])
+    expected = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=20, do_sample=False)
+    speculative = dspark.wrap(target, PromptLookupDrafter(), max_draft_tokens=4, fast_path=path)
+    assert torch.equal(speculative.generate(input_ids, attention_mask=attention_mask, max_new_tokens=20).sequences, expected)
+    if path is not False:  # the forwards ran on it: row counts beyond the ones for_model measures were measured
+        assert {choice.rows for choice in path.choices()} - set(REFERENCE_ROWS)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "plain"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2", "opt", "falcon", "bloom"])
+def test_greedy_equals_hf_generate(architecture, fast, tmp_path):
+    """Prompt lookup on a mixed-length left-padded batch gives model.generate's greedy tokens with and without the fast path."""
+    target = build_model(architecture)
+    _greedy_matches(target, FastPath.for_model(target, cache_dir=tmp_path) if fast else False)
+
+
+@pytest.mark.parametrize("formulation", ["transposed", *COPYING])
+def test_greedy_equals_hf_generate_with_each_formulation_forced(formulation, tmp_path, monkeypatch):
+    """With every product forced onto one formulation (copies for all weights), greedy output is still model.generate's."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first(formulation))
+    target = build_model("llama")
+    path = FastPath.for_model(target, cache_dir=tmp_path)
+    _greedy_matches(target, path)
+    assert all(choice.best == formulation for choice in path.choices())
+    assert path.copy_bytes == path.reserved_bytes
+    assert (path.copy_bytes > 0) == (formulation in COPYING)
