@@ -109,6 +109,10 @@ def cost_curve(
     progress: bool = True,
 ) -> list[StepTiming]:
     """``measure_step_time`` over the grid rows × tokens × contexts, with a progress bar when ``progress``."""
+    rows = [check_int("rows", row_count, 1) for row_count in rows]
+    tokens = [check_int("tokens", token_count, 1) for token_count in tokens]
+    contexts = [check_int("context", context, 0) for context in contexts]
+    check_int("repeats", repeats, 1)
     grid = [(context, row_count, token_count) for context in contexts for row_count in rows for token_count in tokens]
     layout = _cache_layout(model, _device(model))
     if progress:

@@ -1,0 +1,73 @@
+"""dspark/cost_models/profiling.py: step timings on a tiny Llama, the grid of cost_curve, bad arguments, the cache between repeats."""
+
+import pytest
+
+from dspark.cost_models.profiling import StepTiming, cost_curve, measure_step_time
+from dspark.fast_path import FastPath, row_bucket
+from tests.conftest import build_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model("llama")
+
+
+def test_measure_step_time_on_the_default_path(model):
+    """A plain step timing carries its grid point, path "default", its repeat count and positive seconds."""
+    timing = measure_step_time(model, rows=2, tokens=3, context=5, repeats=2)
+    assert isinstance(timing, StepTiming)
+    assert (timing.rows, timing.tokens, timing.context, timing.path, timing.repeats) == (2, 3, 5, "default", 2)
+    assert timing.seconds > 0
+
+
+def test_measure_step_time_on_the_fast_path(model):
+    """With a FastPath the step runs on it (its choices cover rows × tokens) and is labelled "fast"."""
+    path = FastPath()
+    timing = measure_step_time(model, rows=2, tokens=3, context=5, fast_path=path, repeats=2)
+    assert (timing.rows, timing.tokens, timing.context, timing.path, timing.repeats) == (2, 3, 5, "fast", 2)
+    assert timing.seconds > 0
+    assert row_bucket(6) in {choice.rows for choice in path.choices()}
+
+
+def test_cost_curve_covers_the_grid_in_order(model):
+    """cost_curve returns one timing per (context, rows, tokens), contexts outermost, all positive."""
+    timings = cost_curve(model, rows=(1, 2), tokens=(1, 3), contexts=(0, 4), repeats=1, progress=False)
+    assert [(t.context, t.rows, t.tokens) for t in timings] == [(c, r, k) for c in (0, 4) for r in (1, 2) for k in (1, 3)]
+    assert all(t.seconds > 0 and t.path == "default" and t.repeats == 1 for t in timings)
+
+
+@pytest.mark.parametrize(
+    "arguments, error, name",
+    [
+        ({"rows": 0}, ValueError, "rows"),
+        ({"rows": 1.0}, TypeError, "rows"),
+        ({"tokens": 0}, ValueError, "tokens"),
+        ({"tokens": True}, TypeError, "tokens"),
+        ({"context": -1}, ValueError, "context"),
+        ({"repeats": 0}, ValueError, "repeats"),
+    ],
+)
+def test_bad_grid_points_are_refused_by_name(model, arguments, error, name):
+    """measure_step_time and cost_curve refuse bad rows, tokens, context or repeats, naming the argument."""
+    point = {"rows": 1, "tokens": 1, "context": 0, "repeats": 1, **arguments}
+    with pytest.raises(error, match=name):
+        measure_step_time(model, **point)
+    grid = {"rows": (point["rows"],), "tokens": (point["tokens"],), "contexts": (point["context"],), "repeats": point["repeats"]}
+    with pytest.raises(error, match=name):
+        cost_curve(model, progress=False, **grid)
+
+
+@pytest.mark.parametrize("context", [0, 7])
+def test_every_repeat_sees_the_same_context(model, context):
+    """The cache the model is given holds exactly ``context`` tokens at every forward: repeats do not grow it."""
+    seen = []
+
+    def record(module, args, kwargs):
+        seen.append(kwargs["cache"].get_seq_length())
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        measure_step_time(model, rows=2, tokens=3, context=context, repeats=3)
+    finally:
+        handle.remove()
+    assert seen[1:] == [context] * 4  # seen[0] is the one-token forward that reads the cache layout
