@@ -149,6 +149,8 @@ def _run_batch1(bundle, questions, methods, max_new_tokens):
                 "tokens_per_s": len(outputs[name]) / seconds,
                 "tau": None if stats is None else stats.tau,
                 "steps": None if stats is None else stats.steps,
+                "draft_seconds": None if stats is None else stats.draft_seconds,
+                "verify_seconds": None if stats is None else stats.verify_seconds,
             }
             if stats is not None:
                 records.extend(stats.records)
@@ -172,6 +174,10 @@ def _aggregate(entries: list[dict], names) -> dict:
         tokens, seconds = sum(run["new_tokens"] for run in runs), sum(run["seconds"] for run in runs)
         steps = None if runs[0]["steps"] is None else sum(run["steps"] for run in runs)
         totals[name] = {"new_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "tau": None if steps is None else tokens / steps}
+        if steps is not None:
+            # Drafting (propose, survival, policy) against verifying (the target forward and acceptance), per step.
+            draft, verify = (sum(run[key] for run in runs) for key in ("draft_seconds", "verify_seconds"))
+            totals[name].update(draft_ms_per_step=1000 * draft / steps, verify_ms_per_step=1000 * verify / steps, draft_over_verify=draft / verify)
     for total in totals.values():
         total["ratio_vs_hf"] = total["tokens_per_s"] / totals[BASELINE]["tokens_per_s"]
     return totals
@@ -228,10 +234,11 @@ def _print_table(report) -> None:
     names = list(report["overall"])
     width = max(len(name) for name in names) + 2
     print(f"\nbatch 1, {report['settings']['prompts']} prompts, {report['settings']['max_new_tokens']} new tokens")
-    print(f"{'method':<{width}}{'tok/s':>8}{'vs hf':>8}{'tau':>7}")
+    print(f"{'method':<{width}}{'tok/s':>8}{'vs hf':>8}{'tau':>7}{'draft/verify':>14}")
     for name, total in report["overall"].items():
         tau = "" if total["tau"] is None else f"{total['tau']:.2f}"
-        print(f"{name:<{width}}{total['tokens_per_s']:>8.2f}{total['ratio_vs_hf']:>7.2f}x{tau:>7}")
+        cost = f"{total['draft_over_verify']:.3f}" if "draft_over_verify" in total else ""
+        print(f"{name:<{width}}{total['tokens_per_s']:>8.2f}{total['ratio_vs_hf']:>7.2f}x{tau:>7}{cost:>14}")
     print("\nper category, tokens/s:")
     print(f"{'category':<16}" + "".join(f"{name.replace('dspark_', 'd_'):>22}" for name in names))
     for category, totals in report["categories"].items():

@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 from dspark.checks import check_int
 
-__all__ = ["FORMULATIONS", "REFERENCE_ROWS", "FastPath", "LinearChoice", "default_copy_budget", "linear_weights", "row_bucket"]
+__all__ = ["FORMULATIONS", "REFERENCE_ROWS", "TUNED_ROWS", "FastPath", "LinearChoice", "default_copy_budget", "linear_weights", "row_bucket"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +54,19 @@ _COPYING_ORDER = tuple(name for name in FORMULATIONS if name in _COPYING)
 _MAX_TUNED_ROWS = 512
 #: Row counts whose savings decide which weights get copies: a plain step and an 8-token verify step.
 REFERENCE_ROWS = (1, 8)
+#: Row counts ``FastPath.for_model`` measures up front: every bucket up to ``_MAX_TUNED_ROWS``.
+TUNED_ROWS = (*range(1, 17), 32, 64, 128, 256, 512)
 _CACHE_VERSION = 1
 
 
+def _choice_key(out_features: int, in_features: int, bucket: int, dtype: torch.dtype, device: torch.device) -> str:
+    return f"{out_features}x{in_features}|{bucket}|{str(dtype).removeprefix('torch.')}|{device.type}"
+
+
 def row_bucket(rows: int) -> int:
-    """The row count a product is tuned at: the smallest power of two ≥ ``rows``."""
-    return 1 << max(rows - 1, 0).bit_length()
+    """The row count a product is tuned at: ``rows`` itself up to 16 (BLAS kernels change at odd
+    places there), else the smallest power of two ≥ ``rows``."""
+    return rows if rows <= 16 else 1 << (rows - 1).bit_length()
 
 
 def default_copy_budget(model: torch.nn.Module) -> int:
@@ -234,17 +241,29 @@ class FastPath:
         self.cache_file = None if cache_file is None else Path(cache_file)
         self.candidates = tuple(name for name in FORMULATIONS if name in candidates)
         self._choices: dict[str, LinearChoice] = {}
+        self._by_shape: dict[tuple, LinearChoice] = {}
         self._copies: dict[int, _Copy] = {}
         self._reserved: dict[int, tuple[weakref.ref, int, str]] = {}  # id(weight) -> (weight, bytes, copying formulation)
         self._lock = threading.Lock()
         self._load_cache()
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, copy_budget: int | None = None, cache_dir: str | os.PathLike | None = None) -> "FastPath":
-        """A fast path for ``model``'s forward, its copies reserved (``reserve``) among ``linear_weights(model)``.
+    def for_model(
+        cls,
+        model: torch.nn.Module,
+        *others: torch.nn.Module,
+        copy_budget: int | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        progress: bool = True,
+    ) -> "FastPath":
+        """A fast path for the forwards of ``model`` and ``others`` (a drafter, say), its copies
+        reserved (``reserve``) for the ``linear_weights`` of ``others`` first (small, and run at
+        every step), then of ``model``.
 
-        ``copy_budget`` defaults to ``default_copy_budget(model)``. Choices are cached in ``cache_dir``
-        (default: the ``fast_path`` folder of the dspark cache directory), one file per machine.
+        ``copy_budget`` defaults to ``default_copy_budget(model)``. Every weight shape is timed at
+        every row bucket of ``TUNED_ROWS`` up front (``tune``, with a progress bar when ``progress``),
+        once per machine: choices are cached in ``cache_dir`` (default: the ``fast_path`` folder of
+        the dspark cache directory), one file per machine.
         """
         if cache_dir is None:
             from dspark.pretrained import default_cache_dir
@@ -254,7 +273,11 @@ class FastPath:
         name = hashlib.sha1(_machine_fingerprint().encode()).hexdigest()[:16]
         on_cpu = all(parameter.device.type == "cpu" for parameter in model.parameters())
         fast_path = cls(copy_budget=budget, cache_file=Path(cache_dir) / f"linear_choices_{name}.json", native_gqa=on_cpu)
-        fast_path.reserve(linear_weights(model))
+        other_weights = [weight for module in others for weight in linear_weights(module)]
+        model_weights = linear_weights(model)
+        fast_path.tune(other_weights + model_weights, progress=progress)
+        fast_path.reserve(other_weights)
+        fast_path.reserve(model_weights)
         return fast_path
 
     def reserve(self, weights) -> None:
@@ -318,7 +341,11 @@ class FastPath:
         rows = input.numel() // max(input.shape[-1], 1)
         if rows == 0 or rows > _MAX_TUNED_ROWS or input.dtype != weight.dtype:
             return F.linear(input, weight, bias)
-        choice = self.choice(weight.shape[0], weight.shape[1], rows, input.dtype, input.device)
+        # A tuple lookup first: this runs for every linear of every forward.
+        shape = (weight.shape[0], weight.shape[1], rows, input.dtype, input.device)
+        choice = self._by_shape.get(shape)
+        if choice is None:
+            choice = self._by_shape[shape] = self.choice(*shape)
         flat = input.reshape(rows, input.shape[-1])
         for formulation in choice.ranking:
             copy = self._copy_for(formulation, weight) if formulation in _COPYING else None
@@ -328,17 +355,40 @@ class FastPath:
 
     # -- measuring ----------------------------------------------------------------------------------
 
-    def choice(self, out_features: int, in_features: int, rows: int, dtype: torch.dtype, device: torch.device) -> LinearChoice:
-        """The measured ranking for this shape at ``row_bucket(rows)``, measuring it on first use."""
-        bucket = row_bucket(rows)
-        key = f"{out_features}x{in_features}|{bucket}|{str(dtype).removeprefix('torch.')}|{device.type}"
+    def choice(self, out_features: int, in_features: int, rows: int, dtype: torch.dtype, device: torch.device, save: bool = True) -> LinearChoice:
+        """The measured ranking for this shape at ``row_bucket(rows)``, measuring it on first use
+        (and writing the disk cache unless ``save`` is False)."""
+        key = _choice_key(out_features, in_features, row_bucket(rows), dtype, device)
         found = self._choices.get(key)
         if found is None:
-            found = self._measure(out_features, in_features, bucket, dtype, device)
+            found = self._measure(out_features, in_features, row_bucket(rows), dtype, device)
             with self._lock:
                 self._choices[key] = found
-                self._save_cache()
+                if save:
+                    self._save_cache()
         return found
+
+    def tune(self, weights, rows: tuple[int, ...] = TUNED_ROWS, progress: bool = True) -> None:
+        """Measure every shape of ``weights`` at every bucket of ``rows`` not measured yet, once,
+        so that no forward pays for a measurement; shows a progress bar when there is work."""
+        # Offloaded weights live on "meta" until a forward materialises them: measured then, on first use.
+        shapes = {(w.shape[0], w.shape[1], w.dtype, w.device) for w in weights if w.dim() == 2 and w.is_floating_point() and w.device.type != "meta"}
+        missing = [
+            (out_features, in_features, bucket, dtype, device)
+            for out_features, in_features, dtype, device in sorted(shapes, key=str)
+            for bucket in sorted({row_bucket(count) for count in rows})
+            if _choice_key(out_features, in_features, bucket, dtype, device) not in self._choices
+        ]
+        if not missing:
+            return
+        if progress:
+            from tqdm.auto import tqdm
+
+            missing = tqdm(missing, desc="dspark fast path: timing linear formulations (once per machine)", unit="shape")
+        for out_features, in_features, bucket, dtype, device in missing:
+            self.choice(out_features, in_features, bucket, dtype, device, save=False)
+        with self._lock:
+            self._save_cache()
 
     def _measure(self, out_features: int, in_features: int, rows: int, dtype: torch.dtype, device: torch.device) -> LinearChoice:
         generator = torch.Generator(device="cpu").manual_seed(0)

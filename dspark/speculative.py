@@ -38,10 +38,11 @@ def _resolve_fast_path(model: torch.nn.Module, drafter, fast_path) -> FastPath |
         fast_path = model.get_output_embeddings().weight.device.type == "cpu"
     if fast_path is False:
         return None
+    drafters = [drafter] if isinstance(drafter, torch.nn.Module) else []
     if fast_path is True:
-        fast_path = FastPath.for_model(model)
-    if isinstance(drafter, torch.nn.Module):
-        fast_path.reserve(linear_weights(drafter))
+        return FastPath.for_model(model, *drafters)
+    # A caller's own FastPath: the drafter's weights may still use what its budget has left.
+    fast_path.reserve([weight for module in drafters for weight in linear_weights(module)])
     return fast_path
 
 

@@ -127,6 +127,13 @@ class _SharedTargetParts:
     head_weight: torch.Tensor
 
 
+@attrs.frozen
+class _OutputHead:
+    """A frozen LM head weight [N, d], in the shape ``get_output_embeddings()`` returns it."""
+
+    weight: torch.Tensor
+
+
 class _RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -134,17 +141,31 @@ class _RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(x.dtype)
+        return nn.functional.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding of x [R, H, T, hd] at integer positions [R, T]."""
+@attrs.frozen
+class Rotation:
+    """cos and sin of the rotary angles at integer positions, [R, 1, T, hd/2] each: computed once
+    per pass and shared by every layer."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def at(cls, positions: torch.Tensor, head_dim: int, theta: float) -> "Rotation":
+        """The rotation of positions [R, T] for heads of ``head_dim``, base ``theta``."""
+        half = head_dim // 2
+        frequencies = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
+        angles = positions[:, None, :, None].float() * frequencies
+        return cls(cos=angles.cos(), sin=angles.sin())
+
+
+def rotate(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
+    """Rotary position embedding of x [R, H, T, hd] by ``rotation``."""
     half = x.shape[-1] // 2
-    frequencies = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = positions[:, None, :, None].float() * frequencies
-    cos, sin = angles.cos(), angles.sin()
     first, second = x[..., :half].float(), x[..., half:].float()
+    cos, sin = rotation.cos, rotation.sin
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)
 
 
@@ -153,7 +174,7 @@ class _DraftLayer(nn.Module):
 
     def __init__(self, config: SemiARConfig):
         super().__init__()
-        size, self.heads, self.theta = config.hidden_size, config.num_heads, config.rope_theta
+        size, self.heads = config.hidden_size, config.num_heads
         self.attention_norm = _RMSNorm(size, config.rms_norm_eps)
         self.query = nn.Linear(size, size, bias=False)
         self.key = nn.Linear(size, size, bias=False)
@@ -167,16 +188,16 @@ class _DraftLayer(nn.Module):
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], self.heads, -1).transpose(1, 2)
 
-    def context_keys_values(self, context: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of context features H_ctx [R, T, d] (eq. 3), [R, H, T, hd] each."""
-        return rotate(self._split(self.key(context)), positions, self.theta), self._split(self.value(context))
+    def context_keys_values(self, context: torch.Tensor, rotation: Rotation) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of context features H_ctx [R, T, d] (eq. 3) rotated to their positions, [R, H, T, hd] each."""
+        return rotate(self._split(self.key(context)), rotation), self._split(self.value(context))
 
-    def forward(self, block, positions, context_keys, context_values, visible):
-        """block [R, Q, d] at ``positions`` [R, Q]; context K/V [R, H, S, hd]; ``visible`` [R, Q, S + Q] says
-        which context slots and block positions each query attends to."""
+    def forward(self, block, rotation, context_keys, context_values, visible):
+        """block [R, Q, d] rotated to its positions by ``rotation``; context K/V [R, H, S, hd]; ``visible``
+        [R, Q, S + Q] says which context slots and block positions each query attends to."""
         normed = self.attention_norm(block)
-        query = rotate(self._split(self.query(normed)), positions, self.theta)
-        keys = torch.cat([context_keys, rotate(self._split(self.key(normed)), positions, self.theta)], dim=2)
+        query = rotate(self._split(self.query(normed)), rotation)
+        keys = torch.cat([context_keys, rotate(self._split(self.key(normed)), rotation)], dim=2)
         values = torch.cat([context_values, self._split(self.value(normed))], dim=2)
         attended = nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=visible[:, None])
         block = block + self.output(attended.transpose(1, 2).reshape(block.shape))
@@ -241,10 +262,19 @@ class SemiARDrafter(nn.Module):
     def _head_weight(self) -> torch.Tensor:
         return self.shared.head_weight.detach() if self.draft_head is None else self.draft_head
 
+    def get_output_embeddings(self) -> "_OutputHead":
+        """The drafter's LM head, as Hugging Face models expose theirs: ``.weight`` is the target's
+        head restricted to the draft vocabulary [N, d] (frozen). dspark's fast path reads it to
+        give this product a faster weight layout."""
+        return _OutputHead(weight=self._head_weight())
+
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The frozen target embedding of ``tokens``; no gradient ever reaches the target."""
         with torch.no_grad():
             return self.shared.embedding(tokens).to(self.mask_embedding.dtype)
+
+    def _rotation(self, positions: torch.Tensor) -> Rotation:
+        return Rotation.at(positions, self.config.hidden_size // self.config.num_heads, self.config.rope_theta)
 
     def previous_token_features(self, tokens: torch.Tensor) -> torch.Tensor:
         """W1[x] = E(x)·A for target token ids ``tokens`` [...], [..., r]."""
@@ -256,11 +286,15 @@ class SemiARDrafter(nn.Module):
 
     def extend_context(self, features: torch.Tensor, feature_mask: torch.Tensor) -> None:
         """Append the committed target features [R, T, m·d] to the per-layer context key/value cache."""
+        # Trailing columns no row committed (rejected drafts) would only be cropped again: skip their work.
+        live_columns = feature_mask.bool().any(dim=0).nonzero()
+        width = int(live_columns.max()) + 1 if live_columns.numel() else 0
+        features, feature_mask = features[:, :width], feature_mask[:, :width]
         context = self.project_context(features)
         offsets = (feature_mask.long().cumsum(dim=1) - 1).clamp_min(0)
-        positions = self._context.lengths[:, None] + offsets
+        rotation = self._rotation(self._context.lengths[:, None] + offsets)
         for index, layer in enumerate(self.layers):
-            keys, values = layer.context_keys_values(context, positions)
+            keys, values = layer.context_keys_values(context, rotation)
             self._context.cache.update(keys, values, index)
         self._context.commit(feature_mask)
 
@@ -268,7 +302,7 @@ class SemiARDrafter(nn.Module):
         """Hidden states [R, W, d] of the block embeddings [R, W, d] placed right after the context:
         bidirectional inside the block (parallel backbone) or causal (autoregressive ablation)."""
         rows, width = block.shape[:2]
-        positions = self._context.lengths[:, None] + torch.arange(width, device=block.device)
+        rotation = self._rotation(self._context.lengths[:, None] + torch.arange(width, device=block.device))
         layer_caches = list(self._context.cache) if self._context.slots else []
         inside = torch.ones((width, width), dtype=torch.bool, device=block.device)
         inside = inside.tril() if causal else inside
@@ -278,15 +312,15 @@ class SemiARDrafter(nn.Module):
                 context_keys, context_values, _ = layer_caches[index]
             else:
                 context_keys = context_values = block.new_zeros((rows, layer.heads, 0, block.shape[-1] // layer.heads))
-            block = layer(block, positions, context_keys, context_values, visible)
+            block = layer(block, rotation, context_keys, context_values, visible)
         return self.final_norm(block)
 
     def _base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """U = h · E_outᵀ over the draft vocabulary, float32; hidden [..., d]."""
-        # One 2-D GEMM (a batched one would broadcast the head); head·hᵀ rather than h·headᵀ because
-        # for a few rows and a wide head BLAS runs it 2x faster on CPU.
+        # One 2-D product (a batched one would broadcast the head), through F.linear so that dspark's
+        # fast path picks the quickest formulation for the few rows of a proposal.
         rows = hidden.reshape(-1, hidden.shape[-1])
-        return (self._head_weight().to(hidden.dtype) @ rows.T).T.reshape(*hidden.shape[:-1], -1).float()
+        return nn.functional.linear(rows, self._head_weight().to(hidden.dtype)).reshape(*hidden.shape[:-1], -1).float()
 
     def transition_bias(self, previous: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None):
         """(B_k [R, N], next recurrent state, W1[x_{k−1}]) for the configured sequential head."""
@@ -330,9 +364,10 @@ class SemiARDrafter(nn.Module):
             sees_block = sees_block & torch.ones_like(sees_block).tril()
         sees_block = sees_block.expand(batch, -1, -1)
         visible = torch.cat([sees_context, sees_block], dim=2)
+        context_rotation, block_rotation = self._rotation(context_positions), self._rotation(block_positions)
         for layer in self.layers:
-            context_keys, context_values = layer.context_keys_values(context, context_positions)
-            block = layer(block, block_positions, context_keys, context_values, visible)
+            context_keys, context_values = layer.context_keys_values(context, context_rotation)
+            block = layer(block, block_rotation, context_keys, context_values, visible)
         hidden = self.final_norm(block).reshape(batch, anchors_per_row, width, -1)
         base_logits = self._base_logits(hidden)
         previous = previous.reshape(batch, anchors_per_row, width)
@@ -370,7 +405,12 @@ class SemiARDrafter(nn.Module):
 
     @torch.inference_mode()
     def propose(self, context: DraftContext, max_tokens: int) -> Draft:
-        """Draft ``max_tokens`` tokens per row from the committed target features and the anchor."""
+        """Draft ``max_tokens`` tokens per row from the committed target features and the anchor.
+
+        Only what depends on the previous draft token runs position by position (the sequential
+        bias and the choice); the confidence head, the warping of greedy drafts and the scatter of
+        q onto the target vocabulary run once over the whole block afterwards.
+        """
         self._sync_rows(context)
         if context.features is not None and context.features.shape[1] > 0:
             self.extend_context(context.features, context.feature_mask)
@@ -384,21 +424,35 @@ class SemiARDrafter(nn.Module):
             base_logits = self._base_logits(hidden)
         previous = context.anchors
         state = self.mask_embedding.new_zeros((rows, self.config.rank)) if self.config.sequential == "rnn" else None
-        tokens, probs, confidence = [], [], []
+        sampling = context.sampling
+        tokens, block_hidden, previous_features, logits, probs = [], [], [], [], []
         for k in range(max_tokens):
             if not parallel:  # the ablation re-runs its layers on [anchor, x_1..x_{k−1}] for every position
                 hidden = self.backbone(self._embed(torch.stack([context.anchors, *tokens], dim=1)), causal=True)[:, -1:]
                 base_logits = self._base_logits(hidden)
             position = k if parallel else 0
-            bias, state, previous_features = self.transition_bias(previous, hidden[:, position], state)
-            logits = base_logits[:, position] if bias is None else base_logits[:, position] + bias.float()
-            q = warped_probs(logits, context.sampling)
-            choice = draw(q, context.sampling, context.generator)
-            confidence.append(torch.sigmoid(self.confidence_head(torch.cat([hidden[:, position], previous_features], dim=-1))).squeeze(-1))
+            bias, state, features = self.transition_bias(previous, hidden[:, position], state)
+            position_logits = base_logits[:, position] if bias is None else base_logits[:, position] + bias.float()
+            if sampling.do_sample:
+                probs.append(warped_probs(position_logits, sampling))
+                choice = draw(probs[-1], sampling, context.generator)
+            else:  # greedy: the argmax of the logits is the argmax of q; q itself is computed once below
+                logits.append(position_logits)
+                choice = position_logits.argmax(dim=-1)
             previous = self.draft_vocab[choice]
             tokens.append(previous)
-            probs.append(torch.zeros((rows, self.vocab_size), device=device).index_copy_(1, self.draft_vocab, q))
-        return Draft.from_positions(tokens, probs, rows, device, confidence)
+            block_hidden.append(hidden[:, position])
+            previous_features.append(features)
+        if not tokens:
+            return Draft.empty(rows, device)
+        q = torch.stack(probs, dim=1) if sampling.do_sample else warped_probs(torch.stack(logits, dim=1), sampling)
+        confidence = torch.sigmoid(self.confidence_head(torch.cat([torch.stack(block_hidden, dim=1), torch.stack(previous_features, dim=1)], dim=-1)))
+        return Draft(
+            tokens=torch.stack(tokens, dim=1),
+            lengths=torch.full((rows,), len(tokens), dtype=torch.long, device=device),
+            probs=q.new_zeros((rows, len(tokens), self.vocab_size)).index_copy_(2, self.draft_vocab, q),
+            confidence=confidence.squeeze(-1).float(),
+        )
 
     def observe(self, outcome: StepOutcome) -> None:
         """Nothing to roll back: the context cache only ever holds committed positions."""
