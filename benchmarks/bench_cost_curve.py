@@ -104,10 +104,10 @@ def _plot(report: dict, path: Path) -> None:
     colors = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
     for axis, context in zip(axes[0], contexts):
         for index, rows in enumerate(report["settings"]["rows"]):
-            for path, style in (("default", "--"), ("fast", "-")):
+            for forward_path, style in (("default", "--"), ("fast", "-")):
                 points = [p for p in report["points"] if p["context"] == context and p["rows"] == rows]
-                axis.plot([p["tokens"] for p in points], [1000 * p[f"{path}_seconds"] for p in points], style, marker="o",
-                          color=colors[index % len(colors)], label=f"{rows} rows, {path}")
+                axis.plot([p["tokens"] for p in points], [1000 * p[f"{forward_path}_seconds"] for p in points], style, marker="o",
+                          color=colors[index % len(colors)], label=f"{rows} rows, {forward_path}")
         axis.set(title=f"context {context}: one target forward", xlabel="new tokens per row", ylabel="ms", xscale="log", yscale="log")
         axis.set_xticks(report["settings"]["tokens"], [str(t) for t in report["settings"]["tokens"]])
         axis.legend(fontsize=7, ncol=2)

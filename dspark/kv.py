@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-__all__ = ["RaggedCache", "check_cache_support"]
+__all__ = ["RaggedCache", "check_cache_support", "last_live_column"]
 
 
 def check_cache_support(config, max_slots: int) -> None:
@@ -36,6 +36,14 @@ def check_cache_support(config, max_slots: int) -> None:
                 f"the target's layer {index} uses a {type(layer).__name__} cache; dspark supports the standard "
                 f"dynamic key/value cache (DynamicLayer) only"
             )
+
+
+def last_live_column(mask: torch.Tensor) -> int:
+    """1 + the index of the last column of ``mask`` [R, S] that holds a nonzero, 0 if none: one host read."""
+    if mask.shape[1] == 0:
+        return 0
+    columns = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return int((mask.bool().any(dim=0) * columns).max())
 
 
 class RaggedCache:
@@ -91,8 +99,7 @@ class RaggedCache:
             self.compact()
 
     def _crop_dead_tail(self) -> None:
-        column_live = self.live.any(dim=0)
-        dead_tail = self.slots - int(column_live.nonzero().max()) - 1 if column_live.any() else self.slots
+        dead_tail = self.slots - last_live_column(self.live)
         if dead_tail > 0 and self.cache.get_seq_length() > 0:
             self.cache.crop(-dead_tail)
             self.live = self.live[:, : self.slots - dead_tail]

@@ -173,9 +173,11 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         strategy.drafter.observe(
             StepOutcome(rows=rows, verify_lengths=verify_lengths, accepted=accepted, next_tokens=next_tokens, finished=finished)
         )
+        # One device-to-host copy for the step's counts (each .cpu() is a sync on an accelerator).
+        step_rows, step_lengths, step_accepted, step_emitted = torch.stack([rows, verify_lengths, accepted.long(), count.long()]).cpu()
         records.append(
             StepRecord(
-                rows=rows.cpu(), verify_lengths=verify_lengths.cpu(), accepted=accepted.cpu(), emitted=count.cpu(),
+                rows=step_rows, verify_lengths=step_lengths, accepted=step_accepted, emitted=step_emitted,
                 survival=None if survival is None else survival.float().cpu(),
                 draft_seconds=drafted - started, verify_seconds=verified - drafted, cache_slots=cache.slots,
             )

@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dspark.checks import int_at_least, unit_interval
-from dspark.kv import RaggedCache
+from dspark.kv import RaggedCache, last_live_column
 from dspark.types import Draft, DraftContext, StepOutcome
 from dspark.verify.confidence import DrafterConfidence
 from dspark.verify.policies import FixedLength, Threshold
@@ -287,8 +287,7 @@ class SemiARDrafter(nn.Module):
     def extend_context(self, features: torch.Tensor, feature_mask: torch.Tensor) -> None:
         """Append the committed target features [R, T, m·d] to the per-layer context key/value cache."""
         # Trailing columns no row committed (rejected drafts) would only be cropped again: skip their work.
-        live_columns = feature_mask.bool().any(dim=0).nonzero()
-        width = int(live_columns.max()) + 1 if live_columns.numel() else 0
+        width = last_live_column(feature_mask)
         features, feature_mask = features[:, :width], feature_mask[:, :width]
         context = self.project_context(features)
         offsets = (feature_mask.long().cumsum(dim=1) - 1).clamp_min(0)
