@@ -249,6 +249,7 @@ class SemiARDrafter(nn.Module):
         self.confidence_head = nn.Linear(size + rank, 1)
         self._context: RaggedCache | None = None
         self._rows: torch.Tensor | None = None
+        self._vocab_features: tuple[tuple, torch.Tensor] | None = None
 
     # -- parts of one proposal ---------------------------------------------------------------
 
@@ -321,17 +322,26 @@ class SemiARDrafter(nn.Module):
         rows = hidden.reshape(-1, hidden.shape[-1])
         return nn.functional.linear(rows, self._head_weight().to(hidden.dtype)).reshape(*hidden.shape[:-1], -1).float()
 
-    def transition_bias(self, previous: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None):
-        """(B_k [R, N], next recurrent state, W1[x_{k−1}]) for the configured sequential head."""
-        previous_features = self.previous_token_features(previous)
+    def transition_bias(self, previous_features: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None):
+        """(B_k [..., N], next recurrent state) from W1[x_{k−1}] [..., r] for the configured sequential head."""
         if self.config.sequential is None:
-            return None, state, previous_features
+            return None, state
         if self.config.sequential == "markov":
-            return previous_features @ self.transition_out, state, previous_features
+            return previous_features @ self.transition_out, state
         gate, candidate, output = self.recurrent(torch.cat([state, previous_features, hidden], dim=-1)).chunk(3, dim=-1)
         keep = torch.sigmoid(gate)
         state = keep * state + (1 - keep) * torch.tanh(candidate)
-        return torch.tanh(output) @ self.transition_out, state, previous_features
+        return torch.tanh(output) @ self.transition_out, state
+
+    def draft_vocab_features(self) -> torch.Tensor:
+        """W1[x] for every draft-vocabulary token, [N, r]: one row lookup per drafted position instead
+        of an embedding and a projection. Derived from the weights, and derived again whenever they change."""
+        weight, embedding = self.transition_in.weight, self.shared.embedding.weight
+        key = (weight._version, weight.data_ptr(), weight.dtype, embedding._version, embedding.data_ptr(), self.draft_vocab.data_ptr())
+        if self._vocab_features is None or self._vocab_features[0] != key:
+            with torch.inference_mode():
+                self._vocab_features = (key, self.previous_token_features(self.draft_vocab))
+        return self._vocab_features[1]
 
     def training_outputs(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced drafts for K anchors per sequence, all in one pass (paper §3.3).
@@ -373,7 +383,8 @@ class SemiARDrafter(nn.Module):
         state = hidden.new_zeros((batch, anchors_per_row, self.config.rank)) if self.config.sequential == "rnn" else None
         logits, confidence = [], []
         for k in range(width):
-            bias, state, previous_features = self.transition_bias(previous[:, :, k], hidden[:, :, k], state)
+            previous_features = self.previous_token_features(previous[:, :, k])
+            bias, state = self.transition_bias(previous_features, hidden[:, :, k], state)
             logits.append(base_logits[:, :, k] if bias is None else base_logits[:, :, k] + bias)
             confidence.append(torch.sigmoid(self.confidence_head(torch.cat([hidden[:, :, k], previous_features], dim=-1))).squeeze(-1))
         return torch.stack(logits, dim=2), torch.stack(confidence, dim=2)
@@ -421,7 +432,7 @@ class SemiARDrafter(nn.Module):
             anchor = self._embed(context.anchors[:, None])
             hidden = self.backbone(torch.cat([anchor, self.mask_embedding.expand(rows, self.config.block_size - 1, -1)], dim=1), causal=False)
             base_logits = self._base_logits(hidden)
-        previous = context.anchors
+        features, vocab_features = self.previous_token_features(context.anchors), self.draft_vocab_features()
         state = self.mask_embedding.new_zeros((rows, self.config.rank)) if self.config.sequential == "rnn" else None
         sampling = context.sampling
         tokens, block_hidden, previous_features, logits, probs = [], [], [], [], []
@@ -430,7 +441,7 @@ class SemiARDrafter(nn.Module):
                 hidden = self.backbone(self._embed(torch.stack([context.anchors, *tokens], dim=1)), causal=True)[:, -1:]
                 base_logits = self._base_logits(hidden)
             position = k if parallel else 0
-            bias, state, features = self.transition_bias(previous, hidden[:, position], state)
+            bias, state = self.transition_bias(features, hidden[:, position], state)
             position_logits = base_logits[:, position] if bias is None else base_logits[:, position] + bias.float()
             if sampling.do_sample:
                 probs.append(warped_probs(position_logits, sampling))
@@ -438,10 +449,10 @@ class SemiARDrafter(nn.Module):
             else:  # greedy: the argmax of the logits is the argmax of q; q itself is computed once below
                 logits.append(position_logits)
                 choice = position_logits.argmax(dim=-1)
-            previous = self.draft_vocab[choice]
-            tokens.append(previous)
             block_hidden.append(hidden[:, position])
             previous_features.append(features)
+            tokens.append(self.draft_vocab[choice])
+            features = vocab_features[choice]
         if not tokens:
             return Draft.empty(rows, device)
         q = torch.stack(probs, dim=1) if sampling.do_sample else warped_probs(torch.stack(logits, dim=1), sampling)
