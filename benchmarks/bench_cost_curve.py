@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["bench_cost_curve.py", *argv]),
         "settings": {
-            "model": "smollm2-135m-instruct", "dtype": "float32", "rows": args.rows, "tokens": args.tokens, "contexts": args.contexts,
+            "model": "smollm2-135m-instruct", "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "rows": args.rows, "tokens": args.tokens, "contexts": args.contexts,
             "repeats": args.repeats, "torch": torch.__version__, "transformers": transformers.__version__,
             "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         },

@@ -11,13 +11,13 @@ the weights once, whatever the row count. On CPU builds of PyTorch it often is n
 * ``pretransposed``: ``x (Wᵀ)`` against a contiguous copy of Wᵀ;
 * ``packed``: oneDNN's linear against a copy of W packed into its blocked layout.
 
-A :class:`FastPath` picks per (out, in, M bucket, dtype, device, threads) the fastest one that
-agrees with ``F.linear`` to float rounding, caches the choice on disk, and routes calls through
-it only inside :meth:`FastPath.active`, a ``TorchFunctionMode``: the model is never modified and
-outside that block ``model.generate`` runs as before. The two copying formulations hold a copy of
-the weight; the copies live in the ``FastPath``, never on the model, and their total stays within
-``copy_budget`` bytes (by default the largest weights first, so a budget that fits only one copy
-spends it on the LM head).
+A :class:`FastPath` picks per (out, in, row bucket, dtype, device) the fastest one that agrees
+with ``F.linear`` to float rounding, caches the choice on disk (one file per PyTorch build,
+processor and thread count), and routes calls through it only inside :meth:`FastPath.active`, a
+``TorchFunctionMode``: the model is never modified and outside that block ``model.generate`` runs
+as before. The two copying formulations hold a copy of the weight; the copies live in the
+``FastPath``, never on the model, go only to weights granted by ``reserve`` (by measured gain per
+byte), and their total stays within ``copy_budget`` bytes.
 """
 
 from __future__ import annotations
@@ -31,18 +31,29 @@ import os
 import platform
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from dspark.checks import check_int
 
-__all__ = ["FORMULATIONS", "REFERENCE_ROWS", "TUNED_ROWS", "FastPath", "LinearChoice", "default_copy_budget", "linear_weights", "row_bucket"]
+__all__ = [
+    "FORMULATIONS",
+    "REFERENCE_ROWS",
+    "TUNED_ROWS",
+    "FastPath",
+    "LinearChoice",
+    "default_cache_dir",
+    "default_copy_budget",
+    "linear_weights",
+    "on_cpu",
+    "row_bucket",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +65,7 @@ _COPYING_ORDER = tuple(name for name in FORMULATIONS if name in _COPYING)
 _MAX_TUNED_ROWS = 512
 #: Row counts whose savings decide which weights get copies: a plain step and an 8-token verify step.
 REFERENCE_ROWS = (1, 8)
-#: Row counts ``FastPath.for_model`` measures up front: every bucket up to ``_MAX_TUNED_ROWS``.
-TUNED_ROWS = (*range(1, 17), 32, 64, 128, 256, 512)
 _CACHE_VERSION = 1
-
-
-def _choice_key(out_features: int, in_features: int, bucket: int, dtype: torch.dtype, device: torch.device) -> str:
-    return f"{out_features}x{in_features}|{bucket}|{str(dtype).removeprefix('torch.')}|{device.type}"
 
 
 def row_bucket(rows: int) -> int:
@@ -69,10 +74,27 @@ def row_bucket(rows: int) -> int:
     return rows if rows <= 16 else 1 << (rows - 1).bit_length()
 
 
-def default_copy_budget(model: torch.nn.Module) -> int:
-    """Nine tenths of the bytes of ``model``'s parameters: the ceiling on weight copies by default, so
-    copies never cost as much memory as the model itself."""
-    return sum(parameter.numel() * parameter.element_size() for parameter in model.parameters()) * 9 // 10
+#: Row counts ``FastPath.tune`` measures up front: every bucket up to ``_MAX_TUNED_ROWS``.
+TUNED_ROWS = tuple(sorted({row_bucket(rows) for rows in range(1, _MAX_TUNED_ROWS + 1)}))
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory the system can still give (Linux ``MemAvailable``), None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def default_copy_budget(module: torch.nn.Module) -> int:
+    """Nine tenths of the bytes of ``module``'s parameters, and never more than half the memory the
+    system has available now: copies never cost as much memory as the model itself."""
+    budget = sum(parameter.numel() * parameter.element_size() for parameter in module.parameters()) * 9 // 10
+    available = _available_memory()
+    return budget if available is None else min(budget, available // 2)
 
 
 def linear_weights(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -84,16 +106,25 @@ def linear_weights(module: torch.nn.Module) -> list[torch.Tensor]:
     return weights
 
 
+def _check_formulations(instance, attribute, value) -> None:
+    if not value or any(name not in FORMULATIONS for name in value):
+        raise ValueError(f"{attribute.name} must be a non-empty tuple of names from {FORMULATIONS}, got {value!r}")
+
+
 @attrs.frozen
 class LinearChoice:
     """The measured ranking of formulations for one product shape, fastest first, with their seconds."""
 
-    out_features: int
-    in_features: int
-    rows: int
-    dtype: str
-    ranking: tuple[str, ...]
-    seconds: tuple[float, ...]
+    out_features: int = attrs.field(validator=attrs.validators.instance_of(int))
+    in_features: int = attrs.field(validator=attrs.validators.instance_of(int))
+    rows: int = attrs.field(validator=attrs.validators.instance_of(int))
+    dtype: str = attrs.field(validator=attrs.validators.instance_of(str))
+    ranking: tuple[str, ...] = attrs.field(converter=tuple, validator=_check_formulations)
+    seconds: tuple[float, ...] = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self):
+        if len(self.seconds) != len(self.ranking):
+            raise ValueError(f"seconds must give one time per ranked formulation {self.ranking}, got {self.seconds!r}")
 
     @property
     def best(self) -> str:
@@ -103,10 +134,6 @@ class LinearChoice:
 def _seconds_of(choice: LinearChoice, formulation: str) -> float:
     """The measured seconds of ``formulation`` in ``choice``; infinite where it was not measured or failed."""
     return dict(zip(choice.ranking, choice.seconds)).get(formulation, math.inf)
-
-
-def _packed_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
 def _apply(formulation: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, copy: torch.Tensor | None) -> torch.Tensor:
@@ -129,22 +156,36 @@ def _make_copy(formulation: str, weight: torch.Tensor) -> torch.Tensor | None:
         return weight.detach().t().contiguous()
     if formulation == "packed":
         # The hint is the row count oneDNN blocks for; the packed weight serves any row count.
-        return _packed_weight(weight.detach(), 8)
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
     return None
 
 
-def _seconds(function: Callable[[], object], budget: float = 0.03) -> float:
-    """Fastest of a few timed calls after a warm-up: the minimum shrugs off other processes' noise."""
-    function()
-    started = time.perf_counter()
-    function()
-    first = time.perf_counter() - started
-    best = first
-    for _ in range(max(3, min(25, int(budget / max(first, 1e-6))))):
+def _seconds(function: Callable[[], object], device: torch.device, budget: float = 0.03) -> float:
+    """Fastest of a few timed calls after a warm-up: the minimum shrugs off other processes' noise.
+    On an accelerator every call is synchronised, so what is timed is the kernel, not its launch."""
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed() -> float:
+        synchronize()
         started = time.perf_counter()
         function()
-        best = min(best, time.perf_counter() - started)
+        synchronize()
+        return time.perf_counter() - started
+
+    timed()
+    best = first = timed()
+    for _ in range(max(3, min(25, int(budget / max(first, 1e-6))))):
+        best = min(best, timed())
     return best
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's in-place version counter; None for inference tensors, which have none."""
+    return None if tensor.is_inference() else tensor._version
+
+
+def _cache_key(out_features: int, in_features: int, bucket: int, dtype: torch.dtype, device_type: str) -> str:
+    return f"{out_features}x{in_features}|{bucket}|{str(dtype).removeprefix('torch.')}|{device_type}"
 
 
 def _machine_fingerprint() -> str:
@@ -161,7 +202,6 @@ def _machine_fingerprint() -> str:
 class _Copy:
     """A weight copy and what it was made from; a changed version or data pointer makes it stale."""
 
-    reference: weakref.ref
     version: int
     pointer: int
     formulation: str
@@ -171,8 +211,9 @@ class _Copy:
 
 # transformers reads this variable at every SDPA call; while set, a masked multi-query attention over
 # grouped key/value heads passes ``enable_gqa=True`` instead of ``repeat_kv`` copying the whole
-# context per head group (on this CPU: 1.8 ms against 22 ms a layer at 16 rows, context 1,000;
-# same result bit for bit). It changes speed only, never values, so other threads may see it.
+# context per head group (on a 2-core CPU: 1.8 ms against 22 ms a layer at 16 rows, context 1,000;
+# the same result bit for bit there). The variable is process-wide, so a forward in another thread
+# sees it too; on CPUs that changes its speed only. ``for_model`` sets ``native_gqa`` for CPU models.
 _GQA_VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"
 _gqa_lock = threading.Lock()
 _gqa_users = 0
@@ -207,20 +248,43 @@ class _LinearRouter(TorchFunctionMode):
         self.fast_path = fast_path
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear or func is torch._C._nn.linear:
-            return self.fast_path.linear(*args, **kwargs)
-        return func(*args, **kwargs)
+        if func is F.linear:
+            return self.fast_path.linear(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def default_cache_dir() -> Path:
+    """Where measured choices are kept: ``$DSPARK_FAST_PATH_CACHE`` if set, else the ``fast_path``
+    folder of the dspark cache directory (``$DSPARK_CACHE`` or ``~/.cache/dspark``)."""
+    from dspark.pretrained import default_cache_dir as dspark_cache_dir
+
+    return Path(os.environ.get("DSPARK_FAST_PATH_CACHE") or dspark_cache_dir() / "fast_path")
+
+
+def on_cpu(module: torch.nn.Module) -> bool:
+    """Whether ``module`` computes on the CPU: every parameter there, or offloaded ("meta") and
+    materialised there per call."""
+    return all(parameter.device.type in ("cpu", "meta") for parameter in module.parameters())
+
+
+# One fast path per target, so that every ``wrap`` of a model shares its measurements and copies.
+_SHARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_SHARED_LOCK = threading.Lock()
 
 
 class FastPath:
     """Routes linear products through the fastest exact formulation for their shape on this machine.
 
-    ``copy_budget`` bounds the bytes of weight copies (pre-transposed or packed); 0 allows none.
-    ``cache_file`` keeps measured choices across processes (None: in memory only). ``candidates``
-    restricts the formulations tried. ``native_gqa`` lets SDPA run grouped-query attention itself
-    (right for CPU kernels; ``for_model`` sets it for CPU models only). Use ``with fast_path.active(): model(...)``; ``choices()``
-    shows what was picked and ``copy_bytes`` what the copies cost.
+    ``copy_budget`` bounds the bytes of weight copies (pre-transposed or packed); 0 allows none, and
+    ``reserve``/``include`` may add to it. ``cache_file`` keeps measured choices across processes
+    (None: in memory only). ``candidates`` restricts the formulations tried. ``native_gqa`` lets
+    transformers' SDPA run grouped-query attention itself under a mask (right for CPU kernels;
+    ``for_model`` sets it for CPU models). Use ``with fast_path.active(): model(...)``;
+    ``describe()`` shows what was picked and ``copy_bytes`` what the copies cost.
+
+    Copies follow in-place changes of a weight (its version counter) and replacements of its data;
+    an in-place change through ``weight.data`` bypasses the version counter, so after one call
+    ``clear_copies()``.
     """
 
     def __init__(
@@ -228,7 +292,7 @@ class FastPath:
         copy_budget: int = 0,
         cache_file: str | os.PathLike | None = None,
         candidates: tuple[str, ...] = FORMULATIONS,
-        native_gqa: bool = True,
+        native_gqa: bool = False,
     ):
         check_int("copy_budget", copy_budget, 0)
         unknown = [name for name in candidates if name not in FORMULATIONS]
@@ -240,10 +304,11 @@ class FastPath:
         self.native_gqa = native_gqa
         self.cache_file = None if cache_file is None else Path(cache_file)
         self.candidates = tuple(name for name in FORMULATIONS if name in candidates)
-        self._choices: dict[str, LinearChoice] = {}
-        self._by_shape: dict[tuple, LinearChoice] = {}
-        self._copies: dict[int, _Copy] = {}
-        self._reserved: dict[int, tuple[weakref.ref, int, str]] = {}  # id(weight) -> (weight, bytes, copying formulation)
+        # (out, in, row bucket, dtype, device type) -> ranking; looked up on every routed call.
+        self._choices: dict[tuple, LinearChoice] = {}
+        self._reserved = WeakIdKeyDictionary()  # weight -> (bytes, copying formulation)
+        self._copies = WeakIdKeyDictionary()  # weight -> _Copy
+        self._included = WeakIdKeyDictionary()  # module -> True
         self._lock = threading.Lock()
         self._load_cache()
 
@@ -256,45 +321,66 @@ class FastPath:
         cache_dir: str | os.PathLike | None = None,
         progress: bool = True,
     ) -> "FastPath":
-        """A fast path for the forwards of ``model`` and ``others`` (a drafter, say), its copies
-        reserved (``reserve``) for the ``linear_weights`` of ``others`` first (small, and run at
-        every step), then of ``model``.
+        """A fast path for the forwards of ``model`` and ``others`` (a drafter's modules, say).
 
-        ``copy_budget`` defaults to ``default_copy_budget(model)``. Every weight shape is timed at
-        every row bucket of ``TUNED_ROWS`` up front (``tune``, with a progress bar when ``progress``),
-        once per machine: choices are cached in ``cache_dir`` (default: the ``fast_path`` folder of
-        the dspark cache directory), one file per machine.
+        Every linear shape of them is timed at every bucket of ``TUNED_ROWS`` up front (``tune``,
+        with a progress bar when ``progress``), once per machine: choices are cached in
+        ``cache_dir`` (default ``default_cache_dir()``). Copies are
+        granted to ``others`` first (``include``: small, and run at every step), then to ``model``'s
+        ``linear_weights`` within ``copy_budget`` (default ``default_copy_budget(model)``).
         """
-        if cache_dir is None:
-            from dspark.pretrained import default_cache_dir
-
-            cache_dir = default_cache_dir() / "fast_path"
-        budget = default_copy_budget(model) if copy_budget is None else copy_budget
+        cache_dir = default_cache_dir() if cache_dir is None else cache_dir
         name = hashlib.sha1(_machine_fingerprint().encode()).hexdigest()[:16]
-        on_cpu = all(parameter.device.type == "cpu" for parameter in model.parameters())
-        fast_path = cls(copy_budget=budget, cache_file=Path(cache_dir) / f"linear_choices_{name}.json", native_gqa=on_cpu)
-        other_weights = [weight for module in others for weight in linear_weights(module)]
-        model_weights = linear_weights(model)
-        fast_path.tune(other_weights + model_weights, progress=progress)
-        fast_path.reserve(other_weights)
-        fast_path.reserve(model_weights)
+        fast_path = cls(cache_file=Path(cache_dir) / f"linear_choices_{name}.json", native_gqa=on_cpu(model))
+        for module in others:
+            fast_path.include(module, progress=progress)
+        weights = linear_weights(model)
+        fast_path.tune(weights, progress=progress)
+        fast_path.reserve(weights, budget=default_copy_budget(model) if copy_budget is None else copy_budget)
+        fast_path._included[model] = True
         return fast_path
 
-    def reserve(self, weights) -> None:
-        """Grant weight copies to those of ``weights`` they help most, as far as the budget left reaches.
+    @classmethod
+    def shared(cls, model: torch.nn.Module) -> "FastPath":
+        """The fast path of ``model`` that every ``dspark.wrap`` of it uses: ``for_model(model)``, made
+        on first use and kept (weakly) for as long as the model lives."""
+        with _SHARED_LOCK:
+            fast_path = _SHARED.get(model)
+            if fast_path is None:
+                fast_path = _SHARED[model] = cls.for_model(model)
+        return fast_path
 
-        Each weight gets one copying formulation, the fastest summed over ``REFERENCE_ROWS``; its gain is
-        the time that copy saves over the best non-copying formulation, summed over the same rows, and
-        weights are taken by gain per byte. Only reserved weights are ever
-        copied, and only on first use, so a weight seen under another identity (an offloaded layer
-        materialised per call, say) never costs memory.
+    def include(self, module: torch.nn.Module, copy_budget: int | None = None, progress: bool = True) -> None:
+        """Also serve ``module`` (a drafter, say): time its linear shapes and grant copies among its
+        ``linear_weights`` within ``copy_budget`` more bytes (default ``default_copy_budget(module)``).
+        Including a module twice changes nothing."""
+        if module in self._included:
+            return
+        weights = linear_weights(module)
+        self.tune(weights, progress=progress)
+        self.reserve(weights, budget=default_copy_budget(module) if copy_budget is None else copy_budget)
+        self._included[module] = True
+
+    def reserve(self, weights: Iterable[torch.Tensor], budget: int | None = None) -> None:
+        """Grant weight copies to those of ``weights`` they help most: within ``budget`` more bytes
+        (added to ``copy_budget``), or with None within what is left of ``copy_budget``.
+
+        Each weight gets one copying formulation, the fastest summed over ``REFERENCE_ROWS``; its
+        gain is the time that copy saves over the best non-copying formulation, summed over the same
+        rows, and weights are taken by gain per byte. Only reserved weights are ever copied, and only
+        on first use, so a weight seen under another identity (an offloaded layer materialised per
+        call, say) never costs memory.
         """
+        if budget is not None:
+            check_int("budget", budget, 0, optional=True)
+            self.copy_budget += budget
         gains = []
-        for weight in {id(weight): weight for weight in weights}.values():
-            if self._is_reserved(weight) or weight.dim() != 2 or not weight.is_floating_point() or weight.device.type == "meta":
+        unique = {id(weight): weight for weight in weights}.values()
+        for weight in unique:
+            if weight in self._reserved or weight.dim() != 2 or not weight.is_floating_point() or weight.device.type == "meta":
                 continue
-            if weight.is_inference():
-                continue  # no version counter, so an in-place change could not be told from a stale copy
+            if _version(weight) is None or type(weight) not in (torch.Tensor, torch.nn.Parameter):
+                continue  # no version counter to tell a stale copy, or a tensor subclass the kernels may not take
             choices = [self.choice(*weight.shape, rows, weight.dtype, weight.device) for rows in REFERENCE_ROWS]
             # One copying formulation per weight, fastest over REFERENCE_ROWS: row counts that favour
             # different ones would otherwise rebuild the copy at every switch.
@@ -306,17 +392,16 @@ class FastPath:
         for _, weight, formulation in sorted(gains, key=lambda entry: entry[0], reverse=True):
             size = weight.numel() * weight.element_size()
             if size <= remaining:
-                self._reserved[id(weight)] = (weakref.ref(weight), size, formulation)
+                self._reserved[weight] = (size, formulation)
                 remaining -= size
 
     @property
     def reserved_bytes(self) -> int:
         """Bytes granted to weight copies (made on first use): never more than ``copy_budget``."""
-        return sum(size for reference, size, _ in self._reserved.values() if reference() is not None)
+        return sum(size for size, _ in list(self._reserved.values()))
 
     def _is_reserved(self, weight: torch.Tensor) -> bool:
-        entry = self._reserved.get(id(weight))
-        return entry is not None and entry[0]() is weight
+        return weight in self._reserved
 
     @staticmethod
     def _copy_gain(choice: LinearChoice, formulation: str) -> float:
@@ -330,7 +415,8 @@ class FastPath:
     def active(self) -> Iterator["FastPath"]:
         """Within this block every ``F.linear`` (so every ``nn.Linear``) runs on the fast path, and,
         when ``native_gqa`` is set, transformers' SDPA attention hands grouped-query attention to
-        the kernel instead of copying keys and values per head group."""
+        the kernel instead of copying keys and values per head group. The block runs under
+        ``torch.inference_mode()``: the copies carry no gradient, so the fast path is for inference only."""
         with torch.inference_mode(), _LinearRouter(self), (_native_gqa() if self.native_gqa else contextlib.nullcontext()):
             yield self
 
@@ -341,11 +427,10 @@ class FastPath:
         rows = input.numel() // max(input.shape[-1], 1)
         if rows == 0 or rows > _MAX_TUNED_ROWS or input.dtype != weight.dtype:
             return F.linear(input, weight, bias)
-        # A tuple lookup first: this runs for every linear of every forward.
-        shape = (weight.shape[0], weight.shape[1], rows, input.dtype, input.device)
-        choice = self._by_shape.get(shape)
+        # One dictionary lookup first: this runs for every linear of every forward.
+        choice = self._choices.get((weight.shape[0], weight.shape[1], row_bucket(rows), input.dtype, input.device.type))
         if choice is None:
-            choice = self._by_shape[shape] = self.choice(*shape)
+            choice = self.choice(weight.shape[0], weight.shape[1], rows, input.dtype, input.device)
         flat = input.reshape(rows, input.shape[-1])
         for formulation in choice.ranking:
             copy = self._copy_for(formulation, weight) if formulation in _COPYING else None
@@ -358,7 +443,7 @@ class FastPath:
     def choice(self, out_features: int, in_features: int, rows: int, dtype: torch.dtype, device: torch.device, save: bool = True) -> LinearChoice:
         """The measured ranking for this shape at ``row_bucket(rows)``, measuring it on first use
         (and writing the disk cache unless ``save`` is False)."""
-        key = _choice_key(out_features, in_features, row_bucket(rows), dtype, device)
+        key = (out_features, in_features, row_bucket(rows), dtype, device.type)
         found = self._choices.get(key)
         if found is None:
             found = self._measure(out_features, in_features, row_bucket(rows), dtype, device)
@@ -368,7 +453,7 @@ class FastPath:
                     self._save_cache()
         return found
 
-    def tune(self, weights, rows: tuple[int, ...] = TUNED_ROWS, progress: bool = True) -> None:
+    def tune(self, weights: Iterable[torch.Tensor], rows: tuple[int, ...] = TUNED_ROWS, progress: bool = True) -> None:
         """Measure every shape of ``weights`` at every bucket of ``rows`` not measured yet, once,
         so that no forward pays for a measurement; shows a progress bar when there is work."""
         # Offloaded weights live on "meta" until a forward materialises them: measured then, on first use.
@@ -377,7 +462,7 @@ class FastPath:
             (out_features, in_features, bucket, dtype, device)
             for out_features, in_features, dtype, device in sorted(shapes, key=str)
             for bucket in sorted({row_bucket(count) for count in rows})
-            if _choice_key(out_features, in_features, bucket, dtype, device) not in self._choices
+            if (out_features, in_features, bucket, dtype, device.type) not in self._choices
         ]
         if not missing:
             return
@@ -392,8 +477,9 @@ class FastPath:
 
     def _measure(self, out_features: int, in_features: int, rows: int, dtype: torch.dtype, device: torch.device) -> LinearChoice:
         generator = torch.Generator(device="cpu").manual_seed(0)
-        weight = (torch.randn(out_features, in_features, generator=generator) / in_features**0.5).to(device, dtype)
-        x = torch.randn(rows, in_features, generator=generator).to(device, dtype)
+        # Drawn in the weight's own dtype: a float32 stand-in for a large half-precision head would double its memory.
+        weight = (torch.randn(out_features, in_features, generator=generator, dtype=dtype) / in_features**0.5).to(device)
+        x = torch.randn(rows, in_features, generator=generator, dtype=dtype).to(device)
         with torch.inference_mode():
             reference = F.linear(x, weight).float()
             tolerance = 1e-3 if dtype == torch.float32 else 5e-2
@@ -406,7 +492,7 @@ class FastPath:
                     continue  # this build or dtype lacks the kernel
                 if result.shape != reference.shape or not torch.allclose(result.float(), reference, rtol=tolerance, atol=tolerance):
                     continue
-                timed.append((_seconds(lambda: _apply(formulation, x, weight, None, copy)), formulation))
+                timed.append((_seconds(lambda: _apply(formulation, x, weight, None, copy), device), formulation))
         timed.sort(key=lambda pair: (pair[0], FORMULATIONS.index(pair[1])))
         logger.info("fast path %dx%d at %d rows (%s): %s", out_features, in_features, rows, dtype, timed)
         return LinearChoice(
@@ -419,22 +505,29 @@ class FastPath:
     @property
     def copy_bytes(self) -> int:
         """Bytes held in weight copies now (each counted at its weight's size)."""
-        return sum(entry.size for entry in self._copies.values())
+        return sum(entry.size for entry in list(self._copies.values()))
+
+    def clear_copies(self) -> None:
+        """Drop every weight copy (they are made again on next use), e.g. after changing weights
+        through ``weight.data``, which their version counters cannot see."""
+        self._copies.clear()
 
     def _copy_for(self, formulation: str, weight: torch.Tensor) -> torch.Tensor | None:
-        """The weight's copy for ``formulation``, made on first use if the budget allows, else None."""
-        key = id(weight)
-        entry = self._copies.get(key)
-        if entry is not None and entry.formulation == formulation and entry.version == weight._version and entry.pointer == weight.data_ptr():
+        """The weight's copy for ``formulation``, made on first use if it was reserved for it, else None."""
+        entry = self._copies.get(weight)
+        if entry is not None and entry.formulation == formulation and entry.version == _version(weight) and entry.pointer == weight.data_ptr():
             return entry.copy
-        if not self._is_reserved(weight) or self._reserved[key][2] != formulation:
+        reserved = self._reserved.get(weight)
+        if reserved is None or reserved[1] != formulation:
             return None
-        copies = self._copies
-        # The copy goes when the weight does: nothing outlives the model it was made for.
-        reference = weakref.ref(weight, lambda _: copies.pop(key, None))
-        copy = _make_copy(formulation, weight)
-        self._copies[key] = _Copy(reference, weight._version, weight.data_ptr(), formulation, copy, self._reserved[key][1])
-        return self._copies[key].copy
+        try:
+            copy = _make_copy(formulation, weight)
+        except (RuntimeError, NotImplementedError) as error:  # a layout the kernels refuse: plain products from now on
+            logger.warning("fast path: no %s copy of a %s weight (%s); using F.linear for it", formulation, tuple(weight.shape), error)
+            self._reserved.pop(weight, None)
+            return None
+        self._copies[weight] = _Copy(_version(weight), weight.data_ptr(), formulation, copy, reserved[0])
+        return copy
 
     # -- reporting and the disk cache ------------------------------------------------------------------
 
@@ -446,8 +539,7 @@ class FastPath:
         """A table of the choices: shape, rows, fastest formulation and its speed-up over ``F.linear``."""
         lines = [f"{'shape (out x in)':>18} {'rows':>5} {'dtype':>9}  {'chosen':<14} {'vs F.linear':>11}"]
         for choice in self.choices():
-            timings = dict(zip(choice.ranking, choice.seconds))
-            speedup = timings.get("linear", float("nan")) / choice.seconds[0]
+            speedup = _seconds_of(choice, "linear") / choice.seconds[0]
             lines.append(f"{choice.out_features:>8} x {choice.in_features:<7} {choice.rows:>5} {choice.dtype:>9}  {choice.best:<14} {speedup:>10.2f}x")
         lines.append(f"weight copies: {self.copy_bytes / 2**20:.1f} MiB of a {self.copy_budget / 2**20:.1f} MiB budget")
         return "\n".join(lines)
@@ -459,10 +551,11 @@ class FastPath:
             stored = json.loads(self.cache_file.read_text())  # ValueError covers bad JSON and bad UTF-8
             if stored.get("version") != _CACHE_VERSION or tuple(stored.get("candidates", ())) != self.candidates:
                 return  # another layout or another candidate set: measure again and overwrite
-            choices = {
-                key: LinearChoice(**{**values, "ranking": tuple(values["ranking"]), "seconds": tuple(values["seconds"])})
-                for key, values in stored.get("choices", {}).items()
-            }
+            choices = {}
+            for key, values in stored.get("choices", {}).items():
+                shape, bucket, dtype, device = key.split("|")
+                out_features, in_features = (int(size) for size in shape.split("x"))
+                choices[(out_features, in_features, int(bucket), getattr(torch, dtype), device)] = LinearChoice(**values)
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
             logger.warning("ignoring unreadable fast-path cache %s: %s", self.cache_file, error)
             return
@@ -475,7 +568,7 @@ class FastPath:
             "version": _CACHE_VERSION,
             "machine": _machine_fingerprint(),
             "candidates": list(self.candidates),
-            "choices": {key: attrs.asdict(choice) for key, choice in self._choices.items()},
+            "choices": {_cache_key(*key): attrs.asdict(choice) for key, choice in self._choices.items()},
         }
         partial = self.cache_file.with_name(f"{self.cache_file.name}.{os.getpid()}.tmp")
         try:

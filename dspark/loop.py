@@ -40,7 +40,7 @@ class LoopSpec:
     streamer: object | None = None
     fast_path: FastPath | None = None
 
-    def fast(self):
+    def forward_mode(self):
         """The block in which dspark's own forwards (target and drafter) run: the fast path when set."""
         return contextlib.nullcontext() if self.fast_path is None else self.fast_path.active()
 
@@ -57,7 +57,7 @@ def _target_forward(
     if "logits_to_keep" in spec.forward_arguments:
         inputs["logits_to_keep"] = keep
     layers = spec.strategy.target_layers
-    with spec.fast():
+    with spec.forward_mode():
         outputs = spec.target(input_ids=tokens, output_hidden_states=bool(layers), **inputs)
     features = torch.cat([outputs.hidden_states[layer] for layer in layers], dim=-1).to(tokens.device) if layers else None
     return outputs.logits[:, -keep:].float().to(tokens.device), features
@@ -140,7 +140,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
             tokens=sequences[rows], begin=begin[rows], end=end[rows], rows=rows, step=step,
             sampling=spec.sampling, generator=spec.generator, features=features, feature_mask=feature_mask,
         )
-        with spec.fast():
+        with spec.forward_mode():
             draft = strategy.drafter.propose(context, max_tokens) if max_tokens > 0 else Draft.empty(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
         survival, verify_lengths = _schedule(strategy, draft, rows.numel(), max(max_tokens, 0), budget)

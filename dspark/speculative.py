@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark.fast_path import FastPath, linear_weights
+from dspark.fast_path import FastPath, on_cpu
 from dspark.kv import check_cache_support
 from dspark.loop import LoopSpec, run_generation
 from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
@@ -29,20 +29,27 @@ __all__ = ["SpeculativeModel", "wrap", "generate", "DEFAULT_DRAFT_TOKENS"]
 DEFAULT_DRAFT_TOKENS = 4
 
 
+def _drafter_modules(drafter) -> list[torch.nn.Module]:
+    """The modules a drafter runs: the drafter itself when it is one, else its module attributes
+    (e.g. ``DraftModelDrafter``'s small model)."""
+    if isinstance(drafter, torch.nn.Module):
+        return [drafter]
+    return [value for value in vars(drafter).values() if isinstance(value, torch.nn.Module)] if hasattr(drafter, "__dict__") else []
+
+
 def _resolve_fast_path(model: torch.nn.Module, drafter, fast_path) -> FastPath | None:
     """None/True/False/a FastPath -> the FastPath dspark's forwards run under (None: plain forwards)."""
     if fast_path is not None and not isinstance(fast_path, (bool, FastPath)):
         raise TypeError(f"fast_path must be None (on for CPU targets), a bool or a dspark.fast_path.FastPath, got {type(fast_path).__name__}")
     if fast_path is None:
         # Accelerators already pick good kernels for few-row products; the gain is a CPU BLAS matter.
-        fast_path = model.get_output_embeddings().weight.device.type == "cpu"
+        fast_path = on_cpu(model)
     if fast_path is False:
         return None
-    drafters = [drafter] if isinstance(drafter, torch.nn.Module) else []
     if fast_path is True:
-        return FastPath.for_model(model, *drafters)
-    # A caller's own FastPath: the drafter's weights may still use what its budget has left.
-    fast_path.reserve([weight for module in drafters for weight in linear_weights(module)])
+        fast_path = FastPath.shared(model)  # every wrap of this model shares its measurements and copies
+    for module in _drafter_modules(drafter):
+        fast_path.include(module)
     return fast_path
 
 
@@ -50,8 +57,9 @@ class SpeculativeModel:
     """A target model with a speculative decoding strategy; ``generate`` is lossless for any strategy.
 
     ``fast_path`` runs dspark's own target and drafter forwards on a ``dspark.fast_path.FastPath``:
-    None (default) turns it on for targets on the CPU, True or False force it, and a ``FastPath``
-    instance is used as given. ``model.generate`` and any other use of the model are untouched.
+    None (default) turns it on for targets on the CPU (``FastPath.shared(model)``, one per model),
+    True or False force it, and a ``FastPath`` instance is used as given; the drafter's modules are
+    included in it. ``model.generate`` and any other use of the model are untouched.
     """
 
     def __init__(self, model: torch.nn.Module, strategy: Strategy, fast_path: bool | FastPath | None = None):

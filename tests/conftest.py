@@ -52,6 +52,14 @@ def left_padded_batch(lengths: list[int], vocab_size: int = VOCAB, seed: int = 0
     return input_ids, attention_mask
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fast_path_cache(tmp_path_factory):
+    """Fast-path measurements of this run stay in a scratch folder (subprocesses inherit it), never the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DSPARK_FAST_PATH_CACHE", str(tmp_path_factory.mktemp("fast_path")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def llama():
     """A tiny Llama shared by tests that do not care about architecture."""

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dspark.kv import RaggedCache, check_cache_support
+from dspark.kv import RaggedCache, check_cache_support, last_live_column
 from tests.conftest import build_model
 
 
@@ -94,3 +94,11 @@ def test_negative_hole_budget_is_refused():
     """hole_budget < 0 is a ValueError naming it."""
     with pytest.raises(ValueError, match="hole_budget"):
         RaggedCache(rows=1, device=torch.device("cpu"), hole_budget=-1)
+
+
+def test_last_live_column():
+    """last_live_column is 1 + the last column holding a live slot in any row, 0 for no live slot or no column."""
+    assert last_live_column(torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 0, 0]])) == 3
+    assert last_live_column(torch.tensor([[0, 0, 0, 1]])) == 4
+    assert last_live_column(torch.zeros((2, 3), dtype=torch.long)) == 0
+    assert last_live_column(torch.zeros((2, 0), dtype=torch.long)) == 0

@@ -133,3 +133,37 @@ def test_rows_finishing_at_eos_leave_the_drafter_cache(llama):
     result = dspark.wrap(llama, _drafter(llama)).generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)
     assert torch.equal(result.sequences, expected)
     assert len({record.rows.numel() for record in result.stats.records}) > 1
+
+
+@pytest.mark.parametrize("sequential", ["markov", "rnn", None])
+def test_greedy_proposal_equals_teacher_forced_training_outputs(llama, sequential):
+    """propose's q and confidence equal training_outputs teacher-forced on the drafted tokens: the fast
+    inference path (one rotation per pass, W1 rows from the vocabulary table, batched confidence) is the model trained."""
+    drafter = _drafter(llama, sequential=sequential)
+    prompt = left_padded_batch([9])[0]
+    with torch.inference_mode():
+        hidden = llama(input_ids=prompt, output_hidden_states=True).hidden_states
+        features = torch.cat([hidden[layer] for layer in drafter.target_layers], dim=-1)
+        context = dspark.DraftContext(
+            tokens=prompt, begin=torch.tensor([0]), end=torch.tensor([9]), rows=torch.arange(1), step=0,
+            sampling=dspark.SamplingConfig(), features=features[:, :-1], feature_mask=torch.ones(1, 8, dtype=torch.long),
+        )
+        draft = drafter.propose(context, 4)
+        tokens = torch.cat([prompt, draft.tokens, torch.zeros(1, 1, dtype=torch.long)], dim=1)
+        padded = torch.cat([features, features.new_zeros(1, tokens.shape[1] - 9, features.shape[-1])], dim=1)
+        logits, confidence = drafter.training_outputs(padded, tokens, torch.tensor([[8]]))
+    assert torch.equal(draft.tokens[0], logits[0, 0].argmax(dim=-1))
+    assert torch.allclose(draft.probs[0], logits[0, 0].softmax(dim=-1), atol=1e-5)
+    assert torch.allclose(draft.confidence[0], confidence[0, 0], atol=1e-5)
+
+
+def test_vocabulary_features_follow_weight_changes(llama):
+    """The W1 table of the draft vocabulary is derived again after an in-place change to the weights it comes from."""
+    drafter = _drafter(llama)
+    before = drafter.draft_vocab_features().clone()
+    with torch.no_grad():
+        drafter.transition_in.weight.mul_(2.0)
+    after = drafter.draft_vocab_features()
+    with torch.inference_mode():
+        expected = drafter.previous_token_features(drafter.draft_vocab)
+    assert torch.allclose(after, expected) and not torch.allclose(after, before)

@@ -19,7 +19,7 @@ import attrs
 import torch
 from transformers import DynamicCache
 
-from dspark.checks import check_int
+from dspark.checks import check_int, int_at_least
 from dspark.fast_path import FastPath
 
 __all__ = ["StepTiming", "measure_step_time", "cost_curve"]
@@ -29,12 +29,12 @@ __all__ = ["StepTiming", "measure_step_time", "cost_curve"]
 class StepTiming:
     """Median seconds of ``repeats`` target forwards of ``rows`` × ``tokens`` new tokens after ``context``."""
 
-    rows: int
-    tokens: int
-    context: int
-    path: str
-    seconds: float
-    repeats: int
+    rows: int = attrs.field(validator=int_at_least(1))
+    tokens: int = attrs.field(validator=int_at_least(1))
+    context: int = attrs.field(validator=int_at_least(0))
+    path: str = attrs.field(validator=attrs.validators.in_(("default", "fast")))
+    seconds: float = attrs.field(validator=attrs.validators.instance_of(float))
+    repeats: int = attrs.field(validator=int_at_least(1))
 
 
 def _cache_layout(model: torch.nn.Module, device: torch.device) -> list[tuple[tuple[int, ...], torch.dtype]]:

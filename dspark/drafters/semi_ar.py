@@ -261,7 +261,7 @@ class SemiARDrafter(nn.Module):
         return head[self.draft_vocab.to(head.device)].clone()
 
     def _head_weight(self) -> torch.Tensor:
-        return self.shared.head_weight.detach() if self.draft_head is None else self.draft_head
+        return self.shared.head_weight if self.draft_head is None else self.draft_head
 
     def get_output_embeddings(self) -> "_OutputHead":
         """The drafter's LM head, as Hugging Face models expose theirs: ``.weight`` is the target's
@@ -320,7 +320,11 @@ class SemiARDrafter(nn.Module):
         # One 2-D product (a batched one would broadcast the head), through F.linear so that dspark's
         # fast path picks the quickest formulation for the few rows of a proposal.
         rows = hidden.reshape(-1, hidden.shape[-1])
-        return nn.functional.linear(rows, self._head_weight().to(hidden.dtype)).reshape(*hidden.shape[:-1], -1).float()
+        head = self._head_weight()
+        # The target's head is frozen: no gradient may reach it while training. Outside autograd the
+        # tensor itself (not a detached view) is passed, so the fast path finds the copy made for it.
+        head = head.detach() if torch.is_grad_enabled() else head
+        return nn.functional.linear(rows, head.to(hidden.dtype)).reshape(*hidden.shape[:-1], -1).float()
 
     def transition_bias(self, previous_features: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None):
         """(B_k [..., N], next recurrent state) from W1[x_{k−1}] [..., r] for the configured sequential head."""
@@ -336,8 +340,10 @@ class SemiARDrafter(nn.Module):
     def draft_vocab_features(self) -> torch.Tensor:
         """W1[x] for every draft-vocabulary token, [N, r]: one row lookup per drafted position instead
         of an embedding and a projection. Derived from the weights, and derived again whenever they change."""
-        weight, embedding = self.transition_in.weight, self.shared.embedding.weight
-        key = (weight._version, weight.data_ptr(), weight.dtype, embedding._version, embedding.data_ptr(), self.draft_vocab.data_ptr())
+        key = tuple(
+            (tensor.data_ptr(), tensor.dtype, None if tensor.is_inference() else tensor._version)
+            for tensor in (self.transition_in.weight, self.shared.embedding.weight, self.draft_vocab)
+        )
         if self._vocab_features is None or self._vocab_features[0] != key:
             with torch.inference_mode():
                 self._vocab_features = (key, self.previous_token_features(self.draft_vocab))
