@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--temperature", type=float, default=1.0)
     generate.add_argument("--top-p", type=float, default=None)
     generate.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    generate.add_argument("--no-fast-path", action="store_true", help="run dspark's forwards as plain forwards (see docs/fast_path.rst)")
+    fast_path = commands.add_parser("fast-path", help="show the linear formulation the fast path chose per shape and row count (measuring once if needed)")
+    fast_path.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
     train = commands.add_parser("train", help="distil a semi-autoregressive DSpark drafter from the model (resumable)")
     train.add_argument("--output", help="directory for the trained drafter (safetensors + config.json); needed unless --stage data")
     train.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
@@ -92,7 +95,7 @@ def _new_tokens(sequences: torch.Tensor, prompt_length: int, eos_token_id: int) 
 
 def _run_dspark(bundle, prompt, args) -> tuple[list[int], float]:
     """Stream the speculative answer; print and return its tokens and tokens/s."""
-    model = dspark.wrap(bundle.target, bundle.drafter, max_draft_tokens=args.max_draft_tokens)
+    model = dspark.wrap(bundle.target, bundle.drafter, max_draft_tokens=args.max_draft_tokens, fast_path=False if args.no_fast_path else None)
     generator = torch.Generator().manual_seed(args.seed) if args.sample else None
     streamer = TextStreamer(bundle.tokenizer, skip_prompt=True, skip_special_tokens=True)
     started = time.perf_counter()
@@ -223,3 +226,6 @@ def main(argv: list[str] | None = None) -> None:
         _generate(args)
     elif args.command == "train":
         _train(args)
+    elif args.command == "fast-path":
+        bundle = pretrained.load(args.model)
+        print(dspark.wrap(bundle.target, bundle.drafter, fast_path=True).fast_path.describe())

@@ -21,6 +21,20 @@ def test_generate_streams_and_compares(capsys):
     assert "greedy outputs identical: True" in output
 
 
+def test_fast_path_shows_the_chosen_formulations(capsys):
+    """`dspark fast-path` prints one chosen formulation per weight shape and row count, and the copies' memory."""
+    cli.main(["fast-path"])
+    output = capsys.readouterr().out
+    assert "49152 x 576" in output and "weight copies:" in output
+    assert re.search(r"49152 x 576\s+1\s+float32\s+(linear|transposed|pretransposed|packed)", output)
+
+
+def test_generate_without_the_fast_path(capsys):
+    """`dspark generate --no-fast-path --compare` still gives HF's greedy output."""
+    cli.main(["generate", "Say hello.", "--max-new-tokens", "8", "--compare", "--no-fast-path", "--drafter", "prompt-lookup"])
+    assert "greedy outputs identical: True" in capsys.readouterr().out
+
+
 def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
     """`dspark train --stage data` regenerates answers, adds dataset answers and builds the target store; `--stage train` trains on them
     without regenerating (own answers weighted up) and saves an fp16 drafter that `dspark generate --drafter` uses losslessly."""
