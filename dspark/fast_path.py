@@ -98,8 +98,10 @@ def default_copy_budget(module: torch.nn.Module) -> int:
 
 
 def linear_weights(module: torch.nn.Module) -> list[torch.Tensor]:
-    """The weights of ``module``'s ``nn.Linear`` layers, plus its output embedding when it has one."""
-    weights = [layer.weight for layer in module.modules() if isinstance(layer, torch.nn.Linear)]
+    """The weights of ``module``'s ``nn.Linear`` layers that keep ``nn.Linear``'s own forward (so reach
+    ``F.linear``; Falcon's, which multiply by ``weight.T`` themselves, do not), plus its output
+    embedding when it has one."""
+    weights = [layer.weight for layer in module.modules() if isinstance(layer, torch.nn.Linear) and type(layer).forward is torch.nn.Linear.forward]
     output_embeddings = getattr(module, "get_output_embeddings", lambda: None)()
     if output_embeddings is not None and getattr(output_embeddings, "weight", None) is not None:
         weights.append(output_embeddings.weight)
