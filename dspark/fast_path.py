@@ -90,9 +90,11 @@ def _available_memory() -> int | None:
 
 
 def default_copy_budget(module: torch.nn.Module) -> int:
-    """Nine tenths of the bytes of ``module``'s parameters, and never more than half the memory the
-    system has available now: copies never cost as much memory as the model itself."""
-    budget = sum(parameter.numel() * parameter.element_size() for parameter in module.parameters()) * 9 // 10
+    """Nine tenths of the bytes ``module`` holds (parameters and buffers, such as a drafter's derived
+    LM head), and never more than half the memory the system has available now: copies never cost
+    as much memory as the model itself."""
+    tensors = [*module.parameters(), *module.buffers()]
+    budget = sum(tensor.numel() * tensor.element_size() for tensor in tensors) * 9 // 10
     available = _available_memory()
     return budget if available is None else min(budget, available // 2)
 
