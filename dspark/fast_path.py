@@ -404,7 +404,8 @@ class FastPath:
         """Bytes granted to weight copies (made on first use): never more than ``copy_budget``."""
         return sum(size for size, _ in list(self._reserved.values()))
 
-    def _is_reserved(self, weight: torch.Tensor) -> bool:
+    def is_reserved(self, weight: torch.Tensor) -> bool:
+        """Whether ``weight`` was granted a copy (made on its first use)."""
         return weight in self._reserved
 
     @staticmethod

@@ -425,8 +425,8 @@ def test_a_draft_models_weights_are_included(tmp_path, monkeypatch):
     shapes = {(choice.out_features, choice.in_features) for choice in path.choices()}
     assert {tuple(weight.shape) for weight in linear_weights(small)} <= shapes
     assert 0 < path.reserved_bytes <= path.copy_budget
-    assert any(path._is_reserved(weight) for weight in linear_weights(small))
-    assert not any(path._is_reserved(weight) for weight in linear_weights(target))
+    assert any(path.is_reserved(weight) for weight in linear_weights(small))
+    assert not any(path.is_reserved(weight) for weight in linear_weights(target))
 
 
 def test_clear_copies_drops_every_copy(tmp_path, monkeypatch):
