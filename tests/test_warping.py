@@ -1,5 +1,6 @@
 """Tests of the shared logit warping in dspark.verify.warping."""
 
+import attrs
 import pytest
 import torch
 from hypothesis import given
@@ -21,11 +22,13 @@ def test_warped_probs_are_distributions(logits, sampling):
 
 @given(logits_tensors(), sampling_configs())
 def test_top_k_limits_support(logits, sampling):
-    """At most k tokens (plus ties with the k-th) survive top-k."""
+    """At most k tokens (plus ties with the k-th) survive top-k; top_k None or 0 changes nothing."""
     probs = warped_probs(logits, sampling)
     if sampling.top_k:
         kth = torch.topk(logits, min(sampling.top_k, logits.shape[1]), dim=-1).values[:, -1:]
         assert bool(((probs > 0) <= (logits >= kth)).all())
+    else:
+        assert torch.equal(probs, warped_probs(logits, attrs.evolve(sampling, top_k=50_000)))
 
 
 @given(logits_tensors(), sampling_configs())
@@ -50,9 +53,22 @@ def test_greedy_config_leaves_logits_unwarped(logits):
 
 
 @given(logits_tensors(), sampling_configs())
-def test_warping_is_a_pure_function_of_logits(logits, sampling):
-    """The drafter and the acceptance rule get bit-identical warping from identical logits."""
-    assert torch.equal(warped_probs(logits.clone(), sampling), warped_probs(logits.clone(), sampling))
+def test_warped_probs_follow_the_hf_order_of_warping(logits, sampling):
+    """warped_probs is softmax of temperature, then top-k, then top-p, written out independently here
+    (the drafter and the acceptance rule both call it, so p and q are warped alike)."""
+    scaled = logits.float() / sampling.temperature
+    if sampling.top_k:
+        kth = torch.topk(scaled, min(sampling.top_k, scaled.shape[1]), dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if sampling.top_p is not None and sampling.top_p < 1.0:
+        probs = scaled.softmax(dim=-1)
+        for row in range(scaled.shape[0]):
+            order = torch.argsort(scaled[row], stable=True)  # ascending: drop from the least likely
+            cumulative = probs[row][order].cumsum(dim=0)
+            for position, token in enumerate(order.tolist()[:-1]):
+                if cumulative[position] <= 1.0 - sampling.top_p:
+                    scaled[row, token] = float("-inf")
+    assert torch.allclose(warped_probs(logits, sampling), scaled.softmax(dim=-1), atol=1e-6)
 
 
 @pytest.mark.parametrize(

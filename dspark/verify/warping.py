@@ -26,7 +26,7 @@ def warp_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if sampling.top_p is not None and sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=False, stable=True)  # ties: a fixed order
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         # Drop the low tail whose mass is at most 1 - top_p; the most likely token always stays.
         drop_sorted = cumulative <= 1.0 - sampling.top_p
