@@ -35,10 +35,8 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained
+from dspark.benchmarking import encode_chat, first_difference, generated_tokens, write_json
 from dspark.drafters import PromptLookupDrafter
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import encode_chat, generated_tokens, write_json  # noqa: E402
 
 __all__ = ["main"]
 
@@ -124,13 +122,6 @@ def _timed(method, prompt, max_new_tokens):
     return sequences, stats, time.perf_counter() - started
 
 
-def _first_difference(tokens: list[int], reference: list[int]) -> int | None:
-    """Index of the first differing token (or of the shorter end), None when equal."""
-    if tokens == reference:
-        return None
-    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
-
-
 def _run_batch1(bundle, questions, methods, max_new_tokens):
     """Every method on every question; returns per-prompt results, mismatches and all dspark step records."""
     eos = bundle.target.generation_config.eos_token_id
@@ -155,7 +146,7 @@ def _run_batch1(bundle, questions, methods, max_new_tokens):
             if stats is not None:
                 records.extend(stats.records)
         for name, tokens in outputs.items():
-            difference = _first_difference(tokens, outputs[BASELINE])
+            difference = first_difference(tokens, outputs[BASELINE])
             results[name]["matches_hf"] = difference is None
             if difference is not None:
                 mismatches.append({"question_id": question["question_id"], "method": name, "first_difference": difference})

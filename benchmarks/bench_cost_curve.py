@@ -28,11 +28,9 @@ from tqdm import tqdm
 from transformers.utils import logging as transformers_logging
 
 from dspark import pretrained
+from dspark.benchmarking import write_json
 from dspark.cost_models.profiling import measure_step_time
 from dspark.fast_path import FastPath
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 PATHS = ("default", "fast")

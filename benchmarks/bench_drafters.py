@@ -36,11 +36,9 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained
+from dspark.benchmarking import encode_chat, generated_tokens, write_json
 from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature, distill
 from dspark.verify import FixedLength
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import encode_chat, generated_tokens, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT.parent / "shared" / "data" / "eval"

@@ -53,12 +53,10 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained
+from dspark.benchmarking import first_difference, generated_tokens, write_json
 from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature
 from dspark.drafters.distill import default_target_layers
 from dspark.verify.policies import FixedLength
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import generated_tokens, write_json  # noqa: E402
 
 __all__ = ["main"]
 
@@ -130,13 +128,6 @@ def _tie_gap_limit(logit: torch.Tensor, dtype: torch.dtype, ulps: float) -> floa
     return ulps * torch.finfo(dtype).eps * max(abs(float(logit)), 1.0)
 
 
-def _first_divergence(ours: list[int], reference: list[int]) -> int | None:
-    for index, (a, b) in enumerate(zip(ours, reference)):
-        if a != b:
-            return index
-    return None if len(ours) == len(reference) else min(len(ours), len(reference))
-
-
 def check_correctness(target, drafters: dict, dtype: torch.dtype, args, device) -> dict:
     """Greedy rows of each drafter against HF generate; divergences must sit on near-ties."""
     lengths = [5, 17, 9, 30] if args.quick else [12, 57, 33, 90, 7, 64, 21, 128]
@@ -150,7 +141,7 @@ def check_correctness(target, drafters: dict, dtype: torch.dtype, args, device) 
         result = dspark.wrap(target, drafter, policy=policy).generate(input_ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False, eos_token_id=EOS)
         rows = []
         for row, (ours, theirs) in enumerate(zip(generated_tokens(result.sequences, prompt_length, EOS), reference_rows)):
-            at = _first_divergence(ours, theirs)
+            at = first_difference(ours, theirs)
             entry = {"equal": at is None}
             if at is not None:
                 # The plain decoder's logits where the outputs part: is it a tie within the dtype's noise?

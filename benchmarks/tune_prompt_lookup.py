@@ -14,16 +14,13 @@ import argparse
 import json
 import random
 import shlex
-import statistics
 import sys
-import time
 from pathlib import Path
 
-from tqdm import tqdm
 from transformers.utils import logging as transformers_logging
 
-import dspark
 from dspark import pretrained, strategies
+from dspark.benchmarking import sweep
 from dspark.drafters import PromptLookupDrafter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,40 +41,6 @@ def training_prompts(count: int, seed: int = 0) -> list[str]:
     ]
     rng = random.Random(seed)
     return [rng.choice(sources[index % len(sources)]) for index in range(count)]
-
-
-def run(model, strategy, prompts, max_new_tokens) -> dict:
-    """Generate every prompt; return tokens, seconds, τ and per-kind median step times."""
-    speculative = dspark.SpeculativeModel(model, strategy)
-    tokens = seconds = 0.0
-    plain, verifying, row_steps = [], [], 0
-    for prompt in prompts:
-        started = time.perf_counter()
-        result = speculative.generate(**prompt, max_new_tokens=max_new_tokens)
-        seconds += time.perf_counter() - started
-        tokens += result.stats.new_tokens
-        row_steps += result.stats.steps
-        for record in result.stats.records:
-            (verifying if int(record.verify_lengths.max()) > 0 else plain).append(record.verify_seconds)
-    return {
-        "tokens_per_s": tokens / seconds,
-        "tau": tokens / row_steps,
-        "verify_share": len(verifying) / max(row_steps, 1),
-        "plain_step_ms": 1000 * statistics.median(plain) if plain else None,
-        "verify_step_ms": 1000 * statistics.median(verifying) if verifying else None,
-    }
-
-
-def sweep(model, settings: list[tuple[str, object]], prompts, max_new_tokens) -> dict:
-    """``run`` every (name, strategy) after one warm-up call; the first setting is the baseline that
-    every ``vs_autoregressive`` ratio divides by."""
-    dspark.SpeculativeModel(model, settings[-1][1]).generate(**prompts[0], max_new_tokens=4)
-    results = {}
-    for name, strategy in tqdm(settings, desc="settings"):
-        results[name] = run(model, strategy, prompts, max_new_tokens)
-        results[name]["vs_autoregressive"] = results[name]["tokens_per_s"] / results[settings[0][0]]["tokens_per_s"]
-        tqdm.write(f"{name:28s} {results[name]['tokens_per_s']:6.2f} tok/s  x{results[name]['vs_autoregressive']:.2f}  tau {results[name]['tau']:.2f}")
-    return results
 
 
 def main(argv=None) -> None:

@@ -20,12 +20,9 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained, strategies
+from dspark.benchmarking import sweep, write_json
 from dspark.drafters import PromptLookupDrafter, SemiARDrafter, distill
 from dspark.verify import DrafterConfidence, Threshold
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_json  # noqa: E402
-from tune_prompt_lookup import sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT.parent / "shared" / "data" / "train"
