@@ -35,8 +35,9 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained
-from dspark.benchmarking import encode_chat, first_difference, generated_tokens, write_json
+from dspark.benchmarking import first_difference, generated_tokens, write_json
 from dspark.drafters import PromptLookupDrafter
+from dspark.pretrained import encode_chat
 
 __all__ = ["main"]
 

@@ -36,8 +36,9 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained
-from dspark.benchmarking import encode_chat, generated_tokens, write_json
+from dspark.benchmarking import generated_tokens, write_json
 from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature, distill
+from dspark.pretrained import encode_chat
 from dspark.verify import FixedLength
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""Helpers the benchmark scripts share: chat-prompt encoding, output trimming and comparison,
-atomic JSON reports, and timing a strategy over prompts.
+"""Helpers the benchmark scripts share: output trimming and comparison, atomic JSON reports, and
+timing a strategy over prompts (prompts are encoded with ``dspark.pretrained.encode_chat``).
 
 They live in the package (not next to the scripts) so that every script imports them the same
 way, with no ``sys.path`` edits.
@@ -18,15 +18,7 @@ from tqdm.auto import tqdm
 
 import dspark
 
-__all__ = ["encode_chat", "first_difference", "generated_tokens", "run_strategy", "sweep", "write_json"]
-
-
-def encode_chat(tokenizer, messages: list[str]) -> dict:
-    """Chat-templated user messages, left-padded into one batch."""
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True, tokenize=False) for m in messages]
-    # The template already holds the special tokens; adding them again would change the prompt.
-    encoded = tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt")
-    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+__all__ = ["first_difference", "generated_tokens", "run_strategy", "sweep", "write_json"]
 
 
 def generated_tokens(sequences: torch.Tensor, prompt_length: int, eos_token_id: int) -> list[list[int]]:
@@ -53,7 +45,8 @@ def first_difference(tokens: list[int], reference: list[int]) -> int | None:
 
 
 def run_strategy(model, strategy, prompts, max_new_tokens) -> dict:
-    """Generate every prompt; return tokens, seconds, τ and per-kind median step times."""
+    """Generate every prompt; return tokens/s, τ, the share of steps that verified a draft, and the
+    median plain (ℓ = 0) and verifying step times in ms."""
     speculative = dspark.SpeculativeModel(model, strategy)
     tokens = seconds = 0.0
     plain, verifying, row_steps = [], [], 0

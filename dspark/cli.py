@@ -16,6 +16,7 @@ from transformers.utils import logging as transformers_logging
 import dspark
 from dspark import pretrained
 from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature, distill
+from dspark.fast_path import linear_weights
 
 __all__ = ["main"]
 
@@ -228,4 +229,5 @@ def main(argv: list[str] | None = None) -> None:
         _train(args)
     elif args.command == "fast-path":
         bundle = pretrained.load(args.model)
-        print(dspark.wrap(bundle.target, bundle.drafter, fast_path=True).fast_path.describe())
+        weights = [weight for module in (bundle.target, bundle.drafter) if isinstance(module, torch.nn.Module) for weight in linear_weights(module)]
+        print(dspark.wrap(bundle.target, bundle.drafter, fast_path=True).fast_path.describe(weights))

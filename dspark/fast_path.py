@@ -542,10 +542,14 @@ class FastPath:
         """Every measured choice so far (from this process or the disk cache), sorted by shape and rows."""
         return sorted(self._choices.values(), key=lambda c: (c.out_features, c.in_features, c.dtype, c.rows))
 
-    def describe(self) -> str:
-        """A table of the choices: shape, rows, fastest formulation and its speed-up over ``F.linear``."""
+    def describe(self, weights: Iterable[torch.Tensor] | None = None) -> str:
+        """A table of the choices: shape, rows, fastest formulation and its speed-up over ``F.linear``;
+        only the shapes of ``weights`` when given (the cache file holds every model measured here)."""
+        shapes = None if weights is None else {(weight.shape[0], weight.shape[1]) for weight in weights if weight.dim() == 2}
         lines = [f"{'shape (out x in)':>18} {'rows':>5} {'dtype':>9}  {'chosen':<14} {'vs F.linear':>11}"]
         for choice in self.choices():
+            if shapes is not None and (choice.out_features, choice.in_features) not in shapes:
+                continue
             speedup = _seconds_of(choice, "linear") / choice.seconds[0]
             lines.append(f"{choice.out_features:>8} x {choice.in_features:<7} {choice.rows:>5} {choice.dtype:>9}  {choice.best:<14} {speedup:>10.2f}x")
         lines.append(f"weight copies: {self.copy_bytes / 2**20:.1f} MiB of a {self.copy_budget / 2**20:.1f} MiB budget")

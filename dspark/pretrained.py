@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from dspark.drafters import PromptLookupDrafter, SemiARDrafter
 from dspark.protocols import Drafter
 
-__all__ = ["PretrainedBundle", "load", "load_target", "shipped_drafter", "KNOWN_MODELS", "PROMPT_LOOKUP", "default_cache_dir"]
+__all__ = ["PretrainedBundle", "encode_chat", "load", "load_target", "shipped_drafter", "KNOWN_MODELS", "PROMPT_LOOKUP", "default_cache_dir"]
 
 
 @attrs.frozen
@@ -173,3 +173,12 @@ def load(
         return PretrainedBundle(target=target, tokenizer=tokenizer, drafter=PromptLookupDrafter(), name=name)
     # from_pretrained checks the directory and that the drafter was trained for this target.
     return PretrainedBundle(target=target, tokenizer=tokenizer, drafter=SemiARDrafter.from_pretrained(directory, target=target), name=name)
+
+
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[str]) -> dict:
+    """One user turn per message through the tokenizer's chat template (with the generation
+    prompt), left-padded into one batch: ``{"input_ids", "attention_mask"}`` for ``generate``."""
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True, tokenize=False) for m in messages]
+    # The template already holds the special tokens; adding them again would change the prompt.
+    encoded = tokenizer(texts, padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}

@@ -5,7 +5,7 @@ import attrs
 import torch
 
 import dspark
-from dspark.benchmarking import encode_chat
+from dspark.pretrained import encode_chat
 from dspark.verify import DrafterConfidence
 
 

@@ -5,6 +5,7 @@ import torch
 
 import dspark
 from dspark.cost_models.profiling import measure_step_time
+from dspark.fast_path import linear_weights
 
 MAX_NEW_TOKENS = 32  # short, so the example runs in seconds on a CPU (tests/test_examples.py runs it)
 
@@ -23,7 +24,7 @@ print(tokenizer.decode(result.sequences[0, batch["input_ids"].shape[1] :], skip_
 print(f"tau {result.stats.tau:.2f}, identical to HF generate")
 
 fast_path = speculative.fast_path
-print(fast_path.describe())
+print(fast_path.describe(linear_weights(target)))  # the target's shapes: the cache also holds other models'
 print(f"weight copies hold {fast_path.copy_bytes / 2**20:.1f} MiB ({fast_path.reserved_bytes / 2**20:.1f} MiB reserved)")
 
 for tokens in (1, 8):

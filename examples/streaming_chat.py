@@ -5,7 +5,7 @@ import torch
 from transformers import TextStreamer
 
 import dspark
-from dspark.benchmarking import encode_chat
+from dspark.pretrained import encode_chat
 
 bundle = dspark.pretrained.load("smollm2-135m-instruct")
 prompt = encode_chat(bundle.tokenizer, ["Give me two tips for writing clear emails."])

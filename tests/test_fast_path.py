@@ -484,16 +484,21 @@ def test_greedy_equals_hf_generate_with_each_formulation_forced(formulation, tmp
     assert (path.copy_bytes > 0) == (formulation in COPYING)
 
 
+@pytest.mark.parametrize("formulation", FORMULATIONS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_products_stay_close_to_f_linear(dtype, tmp_path):
-    """In bf16 and fp16 every routed product, copies included, stays within half-precision rounding of F.linear."""
+def test_half_precision_products_stay_close_to_f_linear(dtype, formulation, tmp_path, monkeypatch):
+    """In bf16 and fp16 each formulation, forced (copies made where it copies), stays within
+    half-precision rounding of F.linear, or is skipped as unsupported and F.linear is used."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first(formulation))
     torch.manual_seed(0)
     layer = torch.nn.Linear(48, 96).to(dtype)
     path = FastPath(copy_budget=10**9, cache_file=tmp_path / "choices.json")
     path.reserve([layer.weight])
+    supported = path.choice(96, 48, 1, dtype, torch.device("cpu")).best == formulation
     for rows in (1, 3, 8, 40):
         x = torch.randn(rows, 48).to(dtype)
         with path.active():
             routed = layer(x)
         assert routed.dtype == dtype and routed.shape == (rows, 96)
         assert torch.allclose(routed.float(), F.linear(x, layer.weight, layer.bias).float(), rtol=2e-2, atol=2e-2)
+    assert (path.copy_bytes > 0) == (supported and formulation in COPYING)
