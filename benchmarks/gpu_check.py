@@ -55,6 +55,7 @@ import dspark
 from dspark import pretrained
 from dspark.benchmarking import first_difference, generated_tokens, write_json
 from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature
+from dspark.protocols import DRAFTER_HOOKS, hook
 from dspark.drafters.distill import default_target_layers
 from dspark.verify.policies import FixedLength
 
@@ -203,8 +204,9 @@ class _TimedDrafter:
     def __init__(self, drafter):
         self.drafter, self.seconds, self.calls = drafter, 0.0, 0
         self.vocab_size = drafter.vocab_size
-        self.target_layers = getattr(drafter, "target_layers", ())
+        self.target_layers = hook(drafter, "target_layers", DRAFTER_HOOKS)
         self.default_draft_tokens = drafter.default_draft_tokens
+        self.start = hook(drafter, "start", DRAFTER_HOOKS)
 
     def propose(self, context, max_tokens):
         _sync(context.tokens.device)

@@ -7,7 +7,7 @@ from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPoli
 from dspark.speculative import SpeculativeModel, generate, wrap
 from dspark.stats import GenerationResult, GenerationStats, StepRecord, VerifiedToken
 from dspark.strategy import Strategy
-from dspark.types import Draft, DraftContext, SamplingConfig, StepOutcome
+from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome
 
 if TYPE_CHECKING:
     from dspark import pretrained
@@ -21,6 +21,7 @@ __all__ = [
     "DraftContext",
     "Drafter",
     "GenerationResult",
+    "GenerationStart",
     "GenerationStats",
     "SamplingConfig",
     "SpeculativeModel",

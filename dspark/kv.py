@@ -104,10 +104,11 @@ class RaggedCache:
             self.cache.crop(-dead_tail)
             self.live = self.live[:, : self.slots - dead_tail]
 
-    def keep_rows(self, previous_rows: torch.Tensor, rows: torch.Tensor) -> None:
-        """Follow a batch that shrank from ``previous_rows`` to ``rows`` (both ascending batch indices)."""
-        if not torch.equal(previous_rows, rows):
-            self.compact(rows=torch.searchsorted(previous_rows, rows))
+    def drop_finished(self, finished: torch.Tensor) -> None:
+        """Follow the batch when the rows marked in ``finished`` (BoolTensor[R]) leave it, as after a
+        step whose ``StepOutcome.finished`` has any: the loop and every stateful drafter call this."""
+        if bool(finished.any()):
+            self.compact(rows=(~finished).nonzero().squeeze(1))
 
     def compact(self, rows: torch.Tensor | None = None) -> None:
         """Keep only ``rows`` (all by default) and gather each row's live slots, left-padded, into a new cache."""

@@ -1,5 +1,6 @@
 """The speculative generate loop: one target forward per step over a ragged batch.
 
+Before the first step the drafter's optional ``start`` hook learns the batch (``GenerationStart``).
 Each step: (1) the drafter proposes, (2) the estimator scores survival, (3) the policy picks ℓ_r,
 (4) the target runs once on [anchor, x_1..x_ℓ] for every row, (5) the acceptance rule keeps a
 prefix and adds one token, (6) the cache keeps accepted slots and the tokens are written out,
@@ -18,7 +19,8 @@ from dspark.fast_path import FastPath
 from dspark.kv import RaggedCache
 from dspark.stats import GenerationResult, GenerationStats, StepRecord
 from dspark.strategy import Strategy
-from dspark.types import Draft, DraftContext, SamplingConfig, StepOutcome
+from dspark.protocols import DRAFTER_HOOKS, hook
+from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome
 from dspark.verify.acceptance import greedy_accept, rejection_sample
 from dspark.verify.warping import warped_probs
 
@@ -119,6 +121,10 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     eos = torch.tensor(spec.eos_token_ids, dtype=torch.long, device=device)
     cache = RaggedCache(batch, device, hole_budget=strategy.max_draft_tokens + 1)
     records = []
+    start = hook(strategy.drafter, "start", DRAFTER_HOOKS)
+    if start is not None:
+        start(GenerationStart(rows=batch, device=device, max_draft_tokens=strategy.max_draft_tokens,
+                              max_length=prompt_length + spec.max_new_tokens, sampling=spec.sampling))
     if spec.streamer is not None:
         spec.streamer.put(input_ids.cpu())
 
@@ -184,10 +190,10 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         )
         # 8. Finished rows stop costing compute.
         if bool(finished.any()):
-            still = (~finished).nonzero().squeeze(1)
+            still = ~finished
             rows, feature_mask = rows[still], feature_mask[still]
             features = None if features is None else features[still]
-            cache.compact(rows=still)
+            cache.drop_finished(finished)
         step += 1
 
     if spec.streamer is not None:

@@ -1,24 +1,40 @@
-"""The four extension points of a decoding step. Each is one or two methods."""
+"""The four extension points of a decoding step. Each is one or two methods, plus optional hooks
+declared here with their defaults (``DRAFTER_HOOKS``, ``POLICY_HOOKS``) and checked at ``wrap``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import attrs
 import torch
 from typing_extensions import Protocol, runtime_checkable
 
 from dspark.types import Draft, DraftContext, StepOutcome
 
-__all__ = ["Drafter", "ConfidenceEstimator", "CostModel", "VerifyPolicy"]
+__all__ = [
+    "ConfidenceEstimator",
+    "CostModel",
+    "DRAFTER_HOOKS",
+    "Drafter",
+    "Hook",
+    "POLICY_HOOKS",
+    "VerifyPolicy",
+    "check_hooks",
+    "hook",
+]
 
 
 @runtime_checkable
 class Drafter(Protocol):
     """Proposes draft tokens, then learns from what the target kept.
 
-    ``vocab_size`` is the size of the vocabulary the drafter's token ids live in (None when it only
-    copies ids from the context, as n-gram lookup does); the loop refuses a mismatch with the target.
-    A drafter that conditions on the target may also set ``target_layers`` (indices into the target's
-    ``hidden_states``); the loop then asks the target for exactly those and hands them over in
-    ``DraftContext.features``.
+    A generation's lifecycle, as the loop drives it: the optional ``start`` hook receives a
+    ``GenerationStart`` (rows, device, γ, the longest context) before anything else; then every step
+    calls ``propose`` for the rows still running (``DraftContext.rows``) and ``observe`` with the
+    target's decision, whose ``StepOutcome.finished`` names the rows that leave the batch before the
+    next ``propose``. ``vocab_size`` is the size of the vocabulary the drafter's token ids live in
+    (None when it only copies ids from the context, as n-gram lookup does); the loop refuses a
+    mismatch with the target. The other optional hooks are listed in ``DRAFTER_HOOKS``.
     """
 
     vocab_size: int | None
@@ -28,7 +44,7 @@ class Drafter(Protocol):
         ...
 
     def observe(self, outcome: StepOutcome) -> None:
-        """Update internal state (caches, statistics) with the target's decision for each row."""
+        """Learn the target's decision for each row: accepted counts, the new anchors, finished rows."""
         ...
 
 
@@ -56,8 +72,60 @@ class CostModel(Protocol):
 
 @runtime_checkable
 class VerifyPolicy(Protocol):
-    """Chooses how many draft tokens ℓ_r of each row the target checks."""
+    """Chooses how many draft tokens ℓ_r of each row the target checks. Optional hooks: ``POLICY_HOOKS``."""
 
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
         """LongTensor[R] with 0 ≤ ℓ_r ≤ limits[r]; ``survival`` is None when no estimator is configured."""
         ...
+
+
+def _is_layer_indices(value) -> bool:
+    return isinstance(value, (tuple, list)) and all(isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in value)
+
+
+def _is_positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@attrs.frozen
+class Hook:
+    """An optional member of a part: the value dspark assumes when it is absent, what a present one
+    must satisfy (described in ``allowed`` for the error message), and what it is for."""
+
+    default: object
+    valid: Callable[[object], bool]
+    allowed: str
+    doc: str
+
+
+#: Optional drafter members. Absent ones take their default.
+DRAFTER_HOOKS: dict[str, Hook] = {
+    "start": Hook(None, callable, "a method start(GenerationStart)", "called once per generation before the first propose"),
+    "target_layers": Hook((), _is_layer_indices, "a tuple of hidden-state indices >= 0", "the target hidden states the loop hands over in DraftContext.features"),
+    "default_draft_tokens": Hook(None, _is_positive_int, "an int >= 1", "γ when neither the policy nor the caller of wrap fixes one"),
+    "default_policy": Hook(None, lambda value: isinstance(value, VerifyPolicy), "a VerifyPolicy", "the policy wrap uses when given none"),
+    "default_confidence": Hook(None, lambda value: isinstance(value, ConfidenceEstimator), "a ConfidenceEstimator", "the estimator wrap uses with default_policy"),
+}
+
+#: Optional verify-policy members. Absent ones take their default.
+POLICY_HOOKS: dict[str, Hook] = {
+    "needs_survival": Hook(False, lambda value: isinstance(value, bool), "a bool", "the policy reads survival, so a confidence estimator is required"),
+    "max_length": Hook(None, lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an int >= 0", "the longest verify length it picks; wrap uses it as γ"),
+}
+
+
+def hook(part, name: str, hooks: dict[str, Hook]):
+    """The value of the optional member ``name`` of ``part``, or its declared default when absent
+    (or None)."""
+    if name not in hooks:
+        raise ValueError(f"name must be a declared hook, one of {sorted(hooks)}, got {name!r}")
+    value = getattr(part, name, None)
+    return hooks[name].default if value is None else value
+
+
+def check_hooks(part, hooks: dict[str, Hook], role: str) -> None:
+    """Refuse a part whose optional members are present but not what their hook allows."""
+    for name, declared in hooks.items():
+        value = getattr(part, name, None)
+        if value is not None and not declared.valid(value):
+            raise TypeError(f"{role}.{name} of {type(part).__name__} must be {declared.allowed} ({declared.doc}), got {value!r}")

@@ -7,7 +7,7 @@ import torch
 from dspark.fast_path import FastPath, on_cpu
 from dspark.kv import check_cache_support
 from dspark.loop import LoopSpec, run_generation
-from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
+from dspark.protocols import DRAFTER_HOOKS, POLICY_HOOKS, ConfidenceEstimator, CostModel, Drafter, VerifyPolicy, check_hooks, hook
 from dspark.stats import GenerationResult
 from dspark.strategy import Strategy, check_max_draft_tokens
 from dspark.types import SamplingConfig
@@ -153,13 +153,16 @@ def wrap(
     γ defaults to the policy's ``max_length`` when it has one, else to the drafter's
     ``default_draft_tokens``, else ``DEFAULT_DRAFT_TOKENS``. ``fast_path`` is ``SpeculativeModel``'s
     (default: on for CPU targets; ``fast_path=False`` runs plain forwards)."""
-    if policy is None and getattr(drafter, "default_policy", None) is not None:
+    check_hooks(drafter, DRAFTER_HOOKS, "drafter")
+    if policy is not None:
+        check_hooks(policy, POLICY_HOOKS, "policy")
+    if policy is None and hook(drafter, "default_policy", DRAFTER_HOOKS) is not None:
         policy = drafter.default_policy
-        confidence = getattr(drafter, "default_confidence", None) if confidence is None else confidence
+        confidence = hook(drafter, "default_confidence", DRAFTER_HOOKS) if confidence is None else confidence
+    if max_draft_tokens is None and policy is not None:
+        max_draft_tokens = hook(policy, "max_length", POLICY_HOOKS)
     if max_draft_tokens is None:
-        max_draft_tokens = getattr(policy, "max_length", None)
-    if max_draft_tokens is None:
-        max_draft_tokens = getattr(drafter, "default_draft_tokens", DEFAULT_DRAFT_TOKENS)
+        max_draft_tokens = hook(drafter, "default_draft_tokens", DRAFTER_HOOKS) or DEFAULT_DRAFT_TOKENS
     max_draft_tokens = check_max_draft_tokens(max_draft_tokens)
     strategy_arguments = {
         "drafter": drafter,

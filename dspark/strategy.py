@@ -6,7 +6,7 @@ import attrs
 
 from dspark.checks import check_int, int_at_least
 from dspark.cost_models.constant import ConstantCostModel
-from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
+from dspark.protocols import DRAFTER_HOOKS, POLICY_HOOKS, ConfidenceEstimator, CostModel, Drafter, VerifyPolicy, check_hooks, hook
 
 __all__ = ["Strategy", "check_max_draft_tokens"]
 
@@ -39,8 +39,10 @@ class Strategy:
     @property
     def target_layers(self) -> tuple[int, ...]:
         """Indices into the target's ``hidden_states`` the drafter reads (empty: no features needed)."""
-        return tuple(getattr(self.drafter, "target_layers", ()))
+        return tuple(hook(self.drafter, "target_layers", DRAFTER_HOOKS))
 
     def __attrs_post_init__(self):
-        if getattr(self.policy, "needs_survival", False) and self.confidence is None:
+        check_hooks(self.drafter, DRAFTER_HOOKS, "drafter")
+        check_hooks(self.policy, POLICY_HOOKS, "policy")
+        if hook(self.policy, "needs_survival", POLICY_HOOKS) and self.confidence is None:
             raise ValueError(f"policy {self.policy!r} needs survival estimates: pass confidence=... (e.g. DraftProbability())")

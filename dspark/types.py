@@ -7,7 +7,7 @@ import torch
 
 from dspark.checks import int_at_least
 
-__all__ = ["SamplingConfig", "DraftContext", "Draft", "StepOutcome"]
+__all__ = ["SamplingConfig", "GenerationStart", "DraftContext", "Draft", "StepOutcome"]
 
 
 @attrs.frozen
@@ -28,6 +28,22 @@ class SamplingConfig:
             raise ValueError(f"temperature must be > 0 when do_sample=True, got {self.temperature!r}")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be None or in (0, 1], got {self.top_p!r}")
+
+
+@attrs.frozen
+class GenerationStart:
+    """What a drafter learns when a generation begins (its optional ``start`` hook).
+
+    ``rows``: the batch size; every later ``DraftContext.rows`` and ``StepOutcome.rows`` indexes it.
+    ``max_draft_tokens``: the block width γ of this generation; ``max_length``: the longest a row's
+    context can grow (prompt plus ``max_new_tokens``); ``sampling``: how tokens are chosen.
+    """
+
+    rows: int = attrs.field(validator=int_at_least(0))
+    device: torch.device = attrs.field(validator=attrs.validators.instance_of(torch.device))
+    max_draft_tokens: int = attrs.field(validator=int_at_least(0))
+    max_length: int = attrs.field(validator=int_at_least(1))
+    sampling: SamplingConfig = attrs.field(validator=attrs.validators.instance_of(SamplingConfig))
 
 
 @attrs.frozen
@@ -116,7 +132,8 @@ class StepOutcome:
     """What the target decided in one step, for ``Drafter.observe``.
 
     ``rows``: the rows' indices in the caller's batch; ``verify_lengths``: ℓ_r; ``accepted``: n_r ≤ ℓ_r;
-    ``next_tokens``: the recovered or bonus token, the new anchor; ``finished``: rows that stop here.
+    ``next_tokens``: the recovered or bonus token, the new anchor; ``finished``: rows that stop here
+    and leave the batch, so the next ``DraftContext`` has only the rows where it is False.
     """
 
     rows: torch.Tensor

@@ -64,3 +64,12 @@ def _fast_path_cache(tmp_path_factory):
 def llama():
     """A tiny Llama shared by tests that do not care about architecture."""
     return build_model("llama")
+
+
+def start_generation(drafter, rows: int, max_length: int = 64, max_draft_tokens: int = 8, sampling=None):
+    """Call a stateful drafter's start hook as dspark's loop does before it proposes directly in a test."""
+    from dspark.types import GenerationStart, SamplingConfig
+
+    drafter.start(GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=max_draft_tokens,
+                                  max_length=max_length, sampling=sampling or SamplingConfig()))
+    return drafter

@@ -33,7 +33,7 @@ from dspark.drafters.distill import (
     validate,
 )
 from dspark.types import DraftContext, SamplingConfig
-from tests.conftest import VOCAB, build_model
+from tests.conftest import VOCAB, build_model, start_generation
 
 TRAIN_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "train"
 
@@ -122,7 +122,7 @@ def test_training_outputs_equal_inference_drafts(llama, sequential, backbone):
         tokens=tokens, begin=torch.tensor([0]), end=torch.tensor([anchor + 1]), rows=torch.tensor([0]), step=0,
         sampling=SamplingConfig(), features=features[:, :anchor], feature_mask=torch.ones((1, anchor), dtype=torch.long),
     )
-    draft = drafter.propose(context, 4)
+    draft = start_generation(drafter, rows=1).propose(context, 4)
     forced = tokens.clone()
     forced[0, anchor + 1 : anchor + 4] = draft.tokens[0, :3]
     with torch.no_grad():

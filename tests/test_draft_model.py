@@ -7,7 +7,7 @@ import dspark
 
 from dspark.drafters import DraftModelDrafter
 from dspark.types import DraftContext, SamplingConfig, StepOutcome
-from tests.conftest import build_model
+from tests.conftest import build_model, start_generation
 
 
 def _context(tokens, end, step=0, sampling=SamplingConfig()):
@@ -19,7 +19,7 @@ def test_greedy_draft_equals_the_draft_models_own_greedy_continuation():
     model = build_model("llama", seed=4)
     prompt = torch.tensor([[5, 6, 7, 8]])
     expected = model.generate(prompt, max_new_tokens=3, do_sample=False, eos_token_id=None)[0, 4:]
-    draft = DraftModelDrafter(model).propose(_context(prompt, torch.tensor([4])), 3)
+    draft = start_generation(DraftModelDrafter(model), rows=1).propose(_context(prompt, torch.tensor([4])), 3)
     assert draft.tokens[0].tolist() == expected.tolist()
     assert draft.probs.shape == (1, 3, model.config.vocab_size)
     assert torch.allclose(draft.probs.sum(dim=-1), torch.ones(1, 3))
@@ -28,7 +28,7 @@ def test_greedy_draft_equals_the_draft_models_own_greedy_continuation():
 def test_observe_rolls_back_rejected_drafts():
     """After an outcome the cache holds exactly the committed tokens the model has consumed."""
     model = build_model("llama", seed=4)
-    drafter = DraftModelDrafter(model)
+    drafter = start_generation(DraftModelDrafter(model), rows=2)
     tokens = torch.zeros((2, 20), dtype=torch.long)
     tokens[:, :4] = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     drafter.propose(_context(tokens, torch.tensor([4, 4])), 4)

@@ -135,9 +135,10 @@ class FeatureRecordingDrafter(PromptLookupDrafter):
 
     target_layers = (1, 2)
 
+    def start(self, start):
+        self.seen = {}
+
     def propose(self, context, max_tokens):
-        if context.step == 0:
-            self.seen = {}
         for index, row in enumerate(context.rows.tolist()):
             committed = context.features[index][context.feature_mask[index].bool()]
             self.seen[row] = torch.cat([self.seen.get(row, committed[:0]), committed])
@@ -171,3 +172,40 @@ def test_a_draft_longer_than_asked_is_refused(llama):
     """The loop refuses drafts wider than max_tokens, naming the drafter."""
     with pytest.raises(ValueError, match="OverlongDrafter.propose"):
         dspark.generate(llama, torch.tensor([[3, 4, 5, 3, 4]]), drafter=OverlongDrafter(), max_new_tokens=6)
+
+
+class LifecycleRecordingDrafter(PromptLookupDrafter):
+    """Prompt lookup that records the lifecycle calls the loop makes, in order."""
+
+    def start(self, start):
+        self.events = [("start", start)]
+
+    def propose(self, context, max_tokens):
+        self.events.append(("propose", context.rows.tolist()))
+        return super().propose(context, max_tokens)
+
+    def observe(self, outcome):
+        self.events.append(("observe", outcome.rows[outcome.finished].tolist()))
+
+
+def test_drafter_lifecycle(llama):
+    """start comes once per generation with the batch's shape, before any propose; each observe names the
+    rows that finished, and exactly those rows are gone from the next propose."""
+    input_ids, attention_mask = left_padded_batch([6, 11, 4], seed=3)
+    plain = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    eos = int(plain[1, input_ids.shape[1] + 2])  # row 1 stops within three tokens, the others later or at the budget
+    drafter = LifecycleRecordingDrafter(max_ngram=2, min_ngram=1)
+    model = dspark.wrap(llama, drafter, max_draft_tokens=3)
+    for max_new_tokens in (12, 7):
+        model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, eos_token_id=eos)
+        kind, start = drafter.events[0]
+        assert kind == "start" and [event[0] for event in drafter.events].count("start") == 1
+        assert (start.rows, start.max_draft_tokens, start.max_length) == (3, 3, input_ids.shape[1] + max_new_tokens)
+        running, sizes = [0, 1, 2], []
+        for kind, value in drafter.events[1:]:
+            if kind == "propose":
+                assert value == running
+                sizes.append(len(value))
+            else:
+                running = [row for row in running if row not in value]
+        assert running == [] and sizes[0] == 3 and min(sizes) < 3  # rows left one by one

@@ -6,7 +6,7 @@ import torch
 import dspark
 from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature
 from dspark.verify import DrafterConfidence, FixedLength, Threshold
-from tests.conftest import build_model, left_padded_batch
+from tests.conftest import build_model, left_padded_batch, start_generation
 
 
 def _drafter(target, seed: int = 0, **overrides) -> SemiARDrafter:
@@ -46,7 +46,7 @@ def test_draft_carries_probabilities_and_confidence(llama):
         tokens=input_ids, begin=torch.tensor([4, 0]), end=torch.tensor([9, 9]), rows=torch.arange(2), step=0,
         sampling=dspark.SamplingConfig(),
     )
-    draft = drafter.propose(context, 3)
+    draft = start_generation(drafter, rows=2).propose(context, 3)
     assert bool(((draft.tokens >= 10) & (draft.tokens < 60)).all())
     assert torch.allclose(draft.probs.sum(dim=-1), torch.ones(2, 3))
     assert float(draft.probs[:, :, :10].sum()) == 0.0
@@ -69,7 +69,7 @@ def test_save_load_round_trip(tmp_path, llama):
         tokens=tokens, begin=torch.tensor([0]), end=torch.tensor([12]), rows=torch.tensor([0]), step=0, sampling=dspark.SamplingConfig(),
         features=torch.cat([hidden[1], hidden[2]], dim=-1), feature_mask=torch.ones((1, 11), dtype=torch.long),
     )
-    first, second = drafter.propose(context, 4), loaded.propose(context, 4)
+    first, second = start_generation(drafter, rows=1).propose(context, 4), start_generation(loaded, rows=1).propose(context, 4)
     assert torch.equal(first.tokens, second.tokens)
     assert torch.equal(first.probs, second.probs) and torch.equal(first.confidence, second.confidence)
 
@@ -86,7 +86,7 @@ def test_loading_another_draft_vocabulary_rederives_the_reduced_head(llama):
     context = dspark.DraftContext(
         tokens=input_ids, begin=torch.tensor([4, 0]), end=torch.tensor([9, 9]), rows=torch.arange(2), step=0, sampling=dspark.SamplingConfig(),
     )
-    first, second = source.propose(context, 3), loaded.propose(context, 3)
+    first, second = start_generation(source, rows=2).propose(context, 3), start_generation(loaded, rows=2).propose(context, 3)
     assert torch.equal(first.tokens, second.tokens) and torch.equal(first.probs, second.probs)
 
 
@@ -148,7 +148,7 @@ def test_greedy_proposal_equals_teacher_forced_training_outputs(llama, sequentia
             tokens=prompt, begin=torch.tensor([0]), end=torch.tensor([9]), rows=torch.arange(1), step=0,
             sampling=dspark.SamplingConfig(), features=features[:, :-1], feature_mask=torch.ones(1, 8, dtype=torch.long),
         )
-        draft = drafter.propose(context, 4)
+        draft = start_generation(drafter, rows=1).propose(context, 4)
         tokens = torch.cat([prompt, draft.tokens, torch.zeros(1, 1, dtype=torch.long)], dim=1)
         padded = torch.cat([features, features.new_zeros(1, tokens.shape[1] - 9, features.shape[-1])], dim=1)
         logits, confidence = drafter.training_outputs(padded, tokens, torch.tensor([[8]]))

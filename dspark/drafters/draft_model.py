@@ -6,7 +6,7 @@ import torch
 
 from dspark.checks import check_int
 from dspark.kv import RaggedCache, check_cache_support
-from dspark.types import Draft, DraftContext, StepOutcome
+from dspark.types import Draft, DraftContext, GenerationStart, StepOutcome
 from dspark.validation import check_forward_signature, context_length
 from dspark.verify.warping import draw, warped_probs
 
@@ -28,7 +28,6 @@ class DraftModelDrafter:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._forward_arguments = check_forward_signature(model)
         self._cache: RaggedCache | None = None
-        self._rows: torch.Tensor | None = None
         self._speculative = 0
 
     def __repr__(self) -> str:
@@ -40,27 +39,25 @@ class DraftModelDrafter:
         self._cache.commit(new_mask)
         return logits.gather(1, keep_last[:, None, None].expand(-1, 1, logits.shape[-1])).squeeze(1).float()
 
-    def _sync_rows(self, context: DraftContext, max_tokens: int) -> None:
-        if context.step == 0 or self._cache is None:
-            # The token buffer spans prompt + max_new_tokens: the draft model must hold that plus one block.
-            needed = context.tokens.shape[1] + 2 * (max_tokens + 1)
-            limit = context_length(self.model.config)
-            if limit is not None and needed > limit:
-                raise ValueError(
-                    f"the draft model's context of {limit} tokens is shorter than this generation needs ({needed}: "
-                    f"prompt + max_new_tokens + draft blocks); use a draft model with a longer context or fewer max_new_tokens"
-                )
-            check_cache_support(self.model.config, needed)
-            self._cache = RaggedCache(context.rows.numel(), context.tokens.device, hole_budget=max_tokens + 1)
-            self._rows, self._speculative = context.rows, 0
-        else:
-            self._cache.keep_rows(self._rows, context.rows)
-            self._rows = context.rows
+    def start(self, start: GenerationStart) -> None:
+        """A new generation: check the draft model can hold it and give it an empty ragged cache."""
+        # The token buffer spans prompt + max_new_tokens: the draft model must hold that plus one block.
+        needed = start.max_length + 2 * (start.max_draft_tokens + 1)
+        limit = context_length(self.model.config)
+        if limit is not None and needed > limit:
+            raise ValueError(
+                f"the draft model's context of {limit} tokens is shorter than this generation needs ({needed}: "
+                f"prompt + max_new_tokens + draft blocks); use a draft model with a longer context or fewer max_new_tokens"
+            )
+        check_cache_support(self.model.config, needed)
+        self._cache = RaggedCache(start.rows, start.device, hole_budget=start.max_draft_tokens + 1)
+        self._speculative = 0
 
     @torch.inference_mode()
     def propose(self, context: DraftContext, max_tokens: int) -> Draft:
         """Catch the cache up with the committed tokens, then draft ``max_tokens`` tokens per row."""
-        self._sync_rows(context, max_tokens)
+        if self._cache is None:
+            raise ValueError("DraftModelDrafter.propose needs start(GenerationStart) first; dspark's generate calls it")
         device = context.tokens.device
         # Tokens committed since the last proposal: context[begin + fed : end], the anchor last.
         missing = context.end - context.begin - self._cache.lengths
@@ -83,7 +80,8 @@ class DraftModelDrafter:
         return Draft.from_positions(tokens, probs, context.rows.numel(), device)
 
     def observe(self, outcome: StepOutcome) -> None:
-        """Keep the accepted drafts the model has already consumed; the rest leave its cache."""
+        """Keep the accepted drafts the model has already consumed; the rest, and finished rows, leave its cache."""
         if self._cache is not None:
             self._cache.rollback(self._speculative, outcome.accepted)
             self._speculative = 0
+            self._cache.drop_finished(outcome.finished)

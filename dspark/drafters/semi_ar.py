@@ -35,7 +35,7 @@ from torch import nn
 
 from dspark.checks import int_at_least, unit_interval
 from dspark.kv import RaggedCache, last_live_column
-from dspark.types import Draft, DraftContext, StepOutcome
+from dspark.types import Draft, DraftContext, GenerationStart, StepOutcome
 from dspark.verify.confidence import DrafterConfidence
 from dspark.verify.policies import FixedLength, Threshold
 from dspark.verify.warping import draw, warped_probs
@@ -248,7 +248,6 @@ class SemiARDrafter(nn.Module):
         self.recurrent = nn.Linear(2 * rank + size, 3 * rank) if config.sequential == "rnn" else None
         self.confidence_head = nn.Linear(size + rank, 1)
         self._context: RaggedCache | None = None
-        self._rows: torch.Tensor | None = None
         self._vocab_features: tuple[tuple, torch.Tensor] | None = None
 
     # -- parts of one proposal ---------------------------------------------------------------
@@ -411,13 +410,9 @@ class SemiARDrafter(nn.Module):
 
     # -- Drafter protocol ----------------------------------------------------------------------
 
-    def _sync_rows(self, context: DraftContext) -> None:
-        if context.step == 0 or self._context is None:
-            self._context = RaggedCache(context.rows.numel(), context.tokens.device, hole_budget=self.config.block_size + 1)
-            self._rows = context.rows
-        else:
-            self._context.keep_rows(self._rows, context.rows)
-            self._rows = context.rows
+    def start(self, start: GenerationStart) -> None:
+        """A new generation: an empty context cache for its rows."""
+        self._context = RaggedCache(start.rows, start.device, hole_budget=self.config.block_size + 1)
 
     @torch.inference_mode()
     def propose(self, context: DraftContext, max_tokens: int) -> Draft:
@@ -427,7 +422,8 @@ class SemiARDrafter(nn.Module):
         bias and the choice); the confidence head, the warping of greedy drafts and the scatter of
         q onto the target vocabulary run once over the whole block afterwards.
         """
-        self._sync_rows(context)
+        if self._context is None:
+            raise ValueError("SemiARDrafter.propose needs start(GenerationStart) first; dspark's generate calls it")
         if context.features is not None and context.features.shape[1] > 0:
             self.extend_context(context.features, context.feature_mask)
         rows, device = context.rows.numel(), context.tokens.device
@@ -471,7 +467,10 @@ class SemiARDrafter(nn.Module):
         )
 
     def observe(self, outcome: StepOutcome) -> None:
-        """Nothing to roll back: the context cache only ever holds committed positions."""
+        """Finished rows leave the context cache; nothing to roll back, since it only ever holds
+        committed positions (the next proposal's features say which)."""
+        if self._context is not None:
+            self._context.drop_finished(outcome.finished)
 
     # -- persistence ----------------------------------------------------------------------------
 

@@ -1,0 +1,74 @@
+"""dspark/protocols.py: the declared optional hooks, their defaults, and their checks at wrap."""
+
+import attrs
+import pytest
+
+import dspark
+from dspark.drafters import PromptLookupDrafter
+from dspark.protocols import DRAFTER_HOOKS, POLICY_HOOKS, check_hooks, hook
+from dspark.verify import FixedLength, Threshold
+
+
+def test_absent_hooks_take_their_declared_defaults():
+    """A part without an optional member (or with it set to None) gets the default declared for it."""
+    lookup = PromptLookupDrafter()
+    assert hook(lookup, "target_layers", DRAFTER_HOOKS) == ()
+    assert hook(lookup, "start", DRAFTER_HOOKS) is None
+    assert hook(lookup, "default_draft_tokens", DRAFTER_HOOKS) == 4  # present: its own value
+    assert hook(FixedLength(3), "needs_survival", POLICY_HOOKS) is False
+    assert hook(Threshold(0.5), "max_length", POLICY_HOOKS) is None
+    assert hook(FixedLength(3), "max_length", POLICY_HOOKS) == 3
+
+
+def test_only_declared_hooks_can_be_read():
+    """Asking for an undeclared hook is a ValueError naming it and the declared ones."""
+    with pytest.raises(ValueError, match="name must be a declared hook, one of .*'target_layers'.*got 'target_layer'"):
+        hook(PromptLookupDrafter(), "target_layer", DRAFTER_HOOKS)
+
+
+@attrs.define
+class _Drafter(PromptLookupDrafter):
+    """Prompt lookup with one optional member overridden."""
+
+    target_layers: object = None
+    start: object = None
+
+
+@attrs.frozen
+class _Policy:
+    needs_survival: object = False
+    max_length: object = None
+
+    def lengths(self, survival, cost_model, limits):
+        return limits
+
+
+@pytest.mark.parametrize(
+    "part, hooks, message",
+    [
+        (_Drafter(target_layers="1,2"), DRAFTER_HOOKS, "drafter.target_layers of _Drafter must be a tuple of hidden-state indices >= 0"),
+        (_Drafter(target_layers=(1, -2)), DRAFTER_HOOKS, "drafter.target_layers"),
+        (_Drafter(start="begin"), DRAFTER_HOOKS, "drafter.start of _Drafter must be a method start"),
+        (_Policy(needs_survival="yes"), POLICY_HOOKS, "policy.needs_survival of _Policy must be a bool"),
+        (_Policy(max_length=-1), POLICY_HOOKS, "policy.max_length of _Policy must be an int >= 0"),
+    ],
+)
+def test_bad_hooks_are_refused_at_wrap(llama, part, hooks, message):
+    """A present hook of the wrong kind is a TypeError at wrap naming the part, the hook and what is allowed."""
+    with pytest.raises(TypeError, match=message):
+        check_hooks(part, hooks, "drafter" if hooks is DRAFTER_HOOKS else "policy")
+    drafter, policy = (part, None) if hooks is DRAFTER_HOOKS else (PromptLookupDrafter(), part)
+    with pytest.raises(TypeError, match=message):
+        dspark.wrap(llama, drafter, policy=policy)
+
+
+def test_a_policy_that_needs_survival_is_refused_at_wrap_without_an_estimator(llama):
+    """needs_survival=True without confidence= fails at wrap, not inside generate."""
+    with pytest.raises(ValueError, match="needs survival estimates"):
+        dspark.wrap(llama, PromptLookupDrafter(), policy=Threshold(0.5))
+
+
+def test_declared_hooks_document_themselves():
+    """Every declared hook names what it is for and what is allowed."""
+    for hooks in (DRAFTER_HOOKS, POLICY_HOOKS):
+        assert all(declared.doc and declared.allowed for declared in hooks.values())
