@@ -17,9 +17,9 @@ import torch
 
 from dspark.fast_path import FastPath
 from dspark.kv import RaggedCache
+from dspark.protocols import DRAFTER_HOOKS, hook
 from dspark.stats import GenerationResult, GenerationStats, StepRecord
 from dspark.strategy import Strategy
-from dspark.protocols import DRAFTER_HOOKS, hook
 from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome
 from dspark.verify.acceptance import greedy_accept, rejection_sample
 from dspark.verify.warping import warped_probs
