@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import shlex
 import statistics
@@ -38,11 +37,11 @@ from dspark import pretrained
 from dspark.benchmarking import first_difference, generated_tokens, write_json
 from dspark.drafters import PromptLookupDrafter
 from dspark.pretrained import encode_chat
+from dspark.training.data import spec_bench_questions
 
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "eval" / "spec_bench.jsonl"
 RESULTS = ROOT / "benchmarks" / "results"
 BASELINE = "hf_generate"
 HF_LOOKUP_TOKENS = 10
@@ -50,7 +49,7 @@ HF_LOOKUP_TOKENS = 10
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data-dir", default=None, help="the prompt-data folder holding eval/ (default: dspark.training.default_data_dir())")
     parser.add_argument("--output", type=Path, default=None, help="default: benchmarks/results/bench_batch1[_quick].json")
     parser.add_argument("--per-category", type=int, default=2, help="prompts per Spec-Bench category (first turn)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -72,18 +71,6 @@ def _parse_args(argv):
     if args.per_category < 1 or args.max_new_tokens < 1 or args.batch < 0:
         parser.error("--per-category and --max-new-tokens must be >= 1, --batch >= 0")
     return args
-
-
-def _select_questions(path: Path, per_category: int) -> list[dict]:
-    """The first ``per_category`` questions of every category, in file order."""
-    taken, questions = collections.Counter(), []
-    with path.open() as lines:
-        for line in lines:
-            question = json.loads(line)
-            if taken[question["category"]] < per_category:
-                taken[question["category"]] += 1
-                questions.append(question)
-    return questions
 
 
 def _encode(tokenizer, questions: list[dict]) -> dict:
@@ -254,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     transformers_logging.disable_progress_bar()
     bundle = pretrained.load()
     bundle.tokenizer.padding_side = "left"
-    questions = _select_questions(args.data, args.per_category)
+    questions = spec_bench_questions(args.data_dir, args.per_category)
     methods = _methods(bundle.target, args.gammas)
     _warm_up(methods, _encode(bundle.tokenizer, questions[:1]))
     per_prompt, mismatches, records = _run_batch1(bundle, questions, methods, args.max_new_tokens)

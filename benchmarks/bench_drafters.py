@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import shlex
 import sys
 import time
@@ -37,12 +36,12 @@ from transformers.utils import logging as transformers_logging
 import dspark
 from dspark import pretrained
 from dspark.benchmarking import generated_tokens, write_json
-from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature, distill
+from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature, default_target_layers
+from dspark.training.data import eval_prompts
 from dspark.pretrained import encode_chat
 from dspark.verify import FixedLength
 
 ROOT = Path(__file__).resolve().parents[1]
-EVAL = ROOT.parent / "shared" / "data" / "eval"
 RESULTS = ROOT / "benchmarks" / "results"
 CHAT_CATEGORIES = ("writing", "roleplay", "reasoning", "stem", "humanities", "qa")
 UNTRAINED = {"markov": ("markov", "parallel"), "rnn": ("rnn", "parallel"), "parallel_only": (None, "parallel"), "autoregressive_head": (None, "autoregressive")}
@@ -52,6 +51,7 @@ def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", action="append", default=[], help="NAME=PATH of a saved SemiARDrafter (repeatable)")
     parser.add_argument("--untrained", action="store_true", help="benchmark untrained drafters of every variant (smoke test)")
+    parser.add_argument("--data-dir", default=None, help="the prompt-data folder holding eval/ (default: dspark.training.default_data_dir())")
     parser.add_argument("--spec-per-category", type=int, default=5)
     parser.add_argument("--humaneval", type=int, default=20)
     parser.add_argument("--gsm8k", type=int, default=20)
@@ -69,21 +69,6 @@ def _parse_args(argv):
     return args
 
 
-def _prompts(args) -> list[dict]:
-    """(set, category, message) for the evaluation prompts: first Spec-Bench turns, HumanEval, GSM8K test."""
-    prompts, taken = [], collections.Counter()
-    for line in (EVAL / "spec_bench.jsonl").read_text().splitlines():
-        question = json.loads(line)
-        if taken[question["category"]] < args.spec_per_category:
-            taken[question["category"]] += 1
-            prompts.append({"set": "spec_bench", "category": question["category"], "message": question["turns"][0]})
-    for line in (EVAL / "humaneval.jsonl").read_text().splitlines()[: args.humaneval]:
-        prompts.append({"set": "humaneval", "category": "humaneval", "message": "Complete this Python function:\n\n" + json.loads(line)["prompt"]})
-    for line in (EVAL / "gsm8k_test.jsonl").read_text().splitlines()[: args.gsm8k]:
-        prompts.append({"set": "gsm8k", "category": "gsm8k", "message": json.loads(line)["question"]})
-    return prompts
-
-
 def _drafters(args, target) -> dict:
     drafters = {}
     for spec in args.drafter:
@@ -92,7 +77,7 @@ def _drafters(args, target) -> dict:
     if args.untrained:
         for name, (sequential, backbone) in UNTRAINED.items():
             config = SemiARConfig(
-                target=TargetSignature.of(target), target_layers=distill.default_target_layers(target.config.num_hidden_layers),
+                target=TargetSignature.of(target), target_layers=default_target_layers(target.config.num_hidden_layers),
                 block_size=args.gamma, num_heads=target.config.num_attention_heads, sequential=sequential, backbone=backbone,
             )
             torch.manual_seed(0)
@@ -177,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
     bundle = pretrained.load()
     bundle.tokenizer.padding_side = "left"
     target, eos = bundle.target, bundle.target.generation_config.eos_token_id
-    drafters, prompts = _drafters(args, target), _prompts(args)
+    drafters, prompts = _drafters(args, target), eval_prompts(args.data_dir, args.spec_per_category, args.humaneval, args.gsm8k)
     modes = [mode for mode in args.modes.split(",") if mode]
     acceptance = {mode: {name: _Acceptance(args.gamma) for name in drafters} for mode in modes}
     speed = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))  # category -> method -> [tokens, s]
@@ -199,22 +184,22 @@ def main(argv: list[str] | None = None) -> dict:
     for drafter in [PromptLookupDrafter(), *drafters.values()]:
         dspark.wrap(target, drafter).generate(**warm_up, max_new_tokens=2)
     for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
-        encoded = encode_chat(bundle.tokenizer, [prompt["message"]])
+        encoded = encode_chat(bundle.tokenizer, [prompt.message])
         length = encoded["input_ids"].shape[1]
         sequences, seconds = _timed(lambda: target.generate(**encoded, max_new_tokens=args.max_new_tokens, do_sample=False))
         reference = generated_tokens(sequences, length, eos)[0]
-        record_speed(prompt["category"], "hf_generate", reference, seconds)
+        record_speed(prompt.category, "hf_generate", reference, seconds)
         sequences, seconds = _timed(lambda: target.generate(**encoded, max_new_tokens=args.max_new_tokens, do_sample=False, prompt_lookup_num_tokens=10))
-        record_speed(prompt["category"], "hf_prompt_lookup", generated_tokens(sequences, length, eos)[0], seconds)
+        record_speed(prompt.category, "hf_prompt_lookup", generated_tokens(sequences, length, eos)[0], seconds)
         result, seconds = _timed(lambda: lookup.generate(**encoded, max_new_tokens=args.max_new_tokens))
-        record_speed(prompt["category"], "dspark_prompt_lookup", generated_tokens(result.sequences, length, eos)[0], seconds)
+        record_speed(prompt.category, "dspark_prompt_lookup", generated_tokens(result.sequences, length, eos)[0], seconds)
         if generated_tokens(result.sequences, length, eos)[0] != reference:
             mismatches.append({"prompt": index, "drafter": "dspark_prompt_lookup"})
         lookup_acceptance.add(result.stats)
         # Plain decoding through the same loop (on the fast path): its speed against HF generate, and the
         # one-token target step that drafting is measured against.
         result, seconds = _timed(lambda: plain.generate(**encoded, max_new_tokens=args.max_new_tokens))
-        record_speed(prompt["category"], "dspark_autoregressive", generated_tokens(result.sequences, length, eos)[0], seconds)
+        record_speed(prompt.category, "dspark_autoregressive", generated_tokens(result.sequences, length, eos)[0], seconds)
         plain_seconds += result.stats.verify_seconds
         plain_steps += result.stats.steps
         for name, drafter in drafters.items():
@@ -225,14 +210,14 @@ def main(argv: list[str] | None = None) -> dict:
                 acceptance[mode][name].add(result.stats)
                 if mode == "greedy":
                     tokens = generated_tokens(result.sequences, length, eos)[0]
-                    record_speed(prompt["category"], name, tokens, seconds)
+                    record_speed(prompt.category, name, tokens, seconds)
                     if tokens != reference:
                         mismatches.append({"prompt": index, "drafter": name})
             if drafter.default_policy != FixedLength(args.gamma):
                 # The drafter's measured default verify rule (what wrap(target, drafter) gives), greedy only.
                 result, seconds = _timed(lambda: default_models[name].generate(**encoded, max_new_tokens=args.max_new_tokens))
                 tokens = generated_tokens(result.sequences, length, eos)[0]
-                record_speed(prompt["category"], f"{name}_default", tokens, seconds)
+                record_speed(prompt.category, f"{name}_default", tokens, seconds)
                 defaults[name].add(result.stats)
                 if tokens != reference:
                     mismatches.append({"prompt": index, "drafter": f"{name}_default"})

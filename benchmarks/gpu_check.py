@@ -54,9 +54,8 @@ from transformers.utils import logging as transformers_logging
 import dspark
 from dspark import pretrained
 from dspark.benchmarking import first_difference, generated_tokens, write_json
-from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature
+from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature, default_target_layers
 from dspark.protocols import DRAFTER_HOOKS, hook
-from dspark.drafters.distill import default_target_layers
 from dspark.verify.policies import FixedLength
 
 __all__ = ["main"]

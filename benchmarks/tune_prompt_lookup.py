@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shlex
 import sys
 from pathlib import Path
@@ -22,30 +21,16 @@ from transformers.utils import logging as transformers_logging
 from dspark import pretrained, strategies
 from dspark.benchmarking import sweep
 from dspark.drafters import PromptLookupDrafter
+from dspark.training.data import training_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT.parent / "shared" / "data" / "train"
 OUTPUT = ROOT / "benchmarks" / "results" / "tune_prompt_lookup.json"
-
-
-def training_prompts(count: int, seed: int = 0) -> list[str]:
-    """An even mix of ShareGPT, Alpaca, Code Alpaca and GSM8K-train prompts."""
-    def read(name):
-        return [json.loads(line) for line in (TRAIN / name).read_text().splitlines() if line.strip()]
-
-    sources = [
-        [r["prompt"] for r in read("sharegpt_prompts.jsonl") if len(r["prompt"]) < 1500],
-        [(r["instruction"] + "\n" + r["input"]).strip() for r in read("alpaca_5k.jsonl")],
-        [(r["instruction"] + "\n" + r["input"]).strip() for r in read("code_alpaca_2k.jsonl")],
-        [r["question"] for r in read("gsm8k_train.jsonl")],
-    ]
-    rng = random.Random(seed)
-    return [rng.choice(sources[index % len(sources)]) for index in range(count)]
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--data-dir", default=None, help="the prompt-data folder holding train/ (default: dspark.training.default_data_dir())")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--gammas", default="2,4,6")
     parser.add_argument("--min-ngrams", default="1,2")
@@ -55,7 +40,7 @@ def main(argv=None) -> None:
     tokenizer = bundle.tokenizer
     prompts = [
         dict(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True))
-        for text in training_prompts(args.prompts)
+        for text in (prompt.text for prompt in training_prompts(args.data_dir, "calibration", limit=args.prompts))
     ]
     settings = [("autoregressive", strategies.autoregressive(PromptLookupDrafter()))]
     for min_ngram in map(int, args.min_ngrams.split(",")):

@@ -21,11 +21,11 @@ from transformers.utils import logging as transformers_logging
 import dspark
 from dspark import pretrained, strategies
 from dspark.benchmarking import sweep, write_json
-from dspark.drafters import PromptLookupDrafter, SemiARDrafter, distill
+from dspark.drafters import PromptLookupDrafter, SemiARDrafter
+from dspark.training.data import training_prompts
 from dspark.verify import DrafterConfidence, Threshold
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT.parent / "shared" / "data" / "train"
 OUTPUT = ROOT / "benchmarks" / "results" / "tune_semi_ar_policy.json"
 
 
@@ -33,6 +33,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", type=Path, required=True, help="a SemiARDrafter.save_pretrained directory")
     parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--data-dir", default=None, help="the prompt-data folder holding train/ (default: dspark.training.default_data_dir())")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--thresholds", default="0,0.05,0.1,0.2,0.3,0.5")
     parser.add_argument("--write", action="store_true", help="store the fastest threshold in the drafter's config.json")
@@ -42,7 +43,7 @@ def main(argv=None) -> dict:
     drafter = SemiARDrafter.from_pretrained(args.drafter, target=bundle.target)
     prompts = [
         dict(bundle.tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, return_tensors="pt", return_dict=True))
-        for prompt in distill.training_prompts(TRAIN, "calibration", limit=args.prompts)
+        for prompt in training_prompts(args.data_dir, "calibration", limit=args.prompts)
     ]
     gamma = drafter.config.block_size
     settings = [("autoregressive", strategies.autoregressive(PromptLookupDrafter()))]

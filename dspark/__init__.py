@@ -10,7 +10,7 @@ from dspark.strategy import Strategy
 from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome
 
 if TYPE_CHECKING:
-    from dspark import pretrained
+    from dspark import pretrained, training
 
 __version__ = "0.1.0"
 
@@ -35,15 +35,21 @@ __all__ = [
     "generate",
     "pretrained",
     "strategies",
+    "training",
     "verify",
     "wrap",
 ]
 
 
+# Imported on first use: pretrained's model-loading imports double ``import dspark``'s time, and
+# training is needed only by those who distil a drafter.
+_LAZY_MODULES = ("pretrained", "training")
+
+
 def __getattr__(name: str):
-    """Import ``dspark.pretrained`` on first use: its transformers model-loading imports double ``import dspark``'s time."""
-    if name == "pretrained":
+    """``dspark.pretrained`` and ``dspark.training``, imported on first use."""
+    if name in _LAZY_MODULES:
         import importlib
 
-        return importlib.import_module("dspark.pretrained")
+        return importlib.import_module(f"dspark.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import collections
-import hashlib
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained
-from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature, distill
+from dspark.drafters import SemiARConfig
 from dspark.fast_path import linear_weights
 
 __all__ = ["main"]
@@ -44,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="distil a semi-autoregressive DSpark drafter from the model (resumable)")
     train.add_argument("--output", help="directory for the trained drafter (safetensors + config.json); needed unless --stage data")
     train.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
-    train.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data" / "train"))
+    train.add_argument("--data-dir", default=None, help="the prompt-data folder holding train/ (default: $DSPARK_DATA_DIR, else shared/data found from the working directory up)")
     train.add_argument("--work-dir", default=None, help="regenerated data and checkpoints (default: <cache>/distill/<model>)")
     train.add_argument("--prompts", type=int, default=800, help="training prompts to regenerate answers for")
     train.add_argument("--max-new-tokens", type=int, default=256)
@@ -143,70 +141,48 @@ def _loss_weights(text: str, parser: argparse.ArgumentParser) -> tuple[float, ..
     """Parse α_ce,α_tv,α_conf; ``TrainConfig`` decides what is allowed."""
     try:
         weights = tuple(float(value) for value in text.split(","))
-        distill.TrainConfig(loss_weights=weights)
+        from dspark.training import TrainConfig
+
+        TrainConfig(loss_weights=weights)
     except ValueError as error:
         parser.error(f"--loss-weights {text!r}: {error}")
     return weights
 
 
-def _train(args) -> None:
-    target, tokenizer = pretrained.load_target(args.model)
-    signature = TargetSignature.of(target)
+def _train(args, parser: argparse.ArgumentParser) -> None:
+    """Parse into configs and hand over to ``dspark.training.distill_drafter``."""
+    from dspark import training
+
+    try:
+        data_dir = Path(args.data_dir) if args.data_dir else training.default_data_dir()
+        data = training.DataConfig(
+            prompts=args.prompts, max_new_tokens=args.max_new_tokens, modes=tuple(mode for mode in args.modes.split(",") if mode),
+            generate_batch_size=args.generate_batch_size, top_k=args.top_k, max_sequence_tokens=args.max_sequence_tokens,
+            validation_share=args.validation_share, own_weight=args.own_weight, seed=args.seed,
+        )
+        train_config = training.TrainConfig(
+            steps=args.steps, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, sequences_per_step=args.sequences_per_step,
+            anchors_per_sequence=args.anchors_per_sequence, weight_decay=args.weight_decay, loss_weights=args.loss_weights, seed=args.seed,
+        )
+    except ValueError as error:
+        parser.error(str(error))
     work_dir = Path(args.work_dir) if args.work_dir else pretrained.default_cache_dir() / "distill" / args.model
-    data = work_dir / "data.jsonl"
-    if args.stage != "train":
-        prompts = distill.training_prompts(args.data_dir, "train", limit=args.prompts, seed=args.seed)
-        modes = tuple(mode for mode in args.modes.split(",") if mode)
-        with tqdm(total=len(prompts) * len(modes), desc="regenerating answers", unit="prompt") as bar:
-            distill.regenerate(
-                target, tokenizer, prompts, data, max_new_tokens=args.max_new_tokens, modes=modes,
-                batch_size=args.generate_batch_size, seed=args.seed, progress=bar,
-            )
-    if not data.is_file():
-        raise SystemExit(f"no regenerated answers in {data}: run with --stage data or all first")
-    records = distill.read_sequences(data)
-    counts = collections.Counter(record["mode"] for record in records)
-    print(f"{len(records)} sequences ({dict(counts)}), {sum(len(r['response_ids']) for r in records)} response tokens in {data}")
-    layers = tuple(int(v) for v in args.target_layers.split(",")) if args.target_layers else distill.default_target_layers(target.config.num_hidden_layers)
-    config = SemiARConfig(
-        target=signature, target_layers=layers, block_size=args.block_size, num_layers=args.layers,
-        num_heads=target.config.num_attention_heads, intermediate_size=args.intermediate_size,
+    if args.stage == "train" and not (work_dir / "data.jsonl").is_file():
+        parser.error(f"--stage train: no regenerated answers in {str(work_dir / 'data.jsonl')!r}; run --stage data or all first")
+    target, tokenizer = pretrained.load_target(args.model)
+    overrides = dict(
+        block_size=args.block_size, num_layers=args.layers, intermediate_size=args.intermediate_size,
         sequential=None if args.sequential == "none" else args.sequential, backbone=args.backbone, rank=args.rank,
         draft_vocab_size=args.draft_vocab_size,
     )
-    torch.manual_seed(args.seed)
-    held_out = [distill.held_out_for_validation(record["id"], args.validation_share) for record in records]
-    # The target's own answers (not the datasets'): what drafting at inference time sees.
-    own = [record["mode"] != "reference" for record in records]
-    training_records = [record for record, out in zip(records, held_out) if not out]
-    # The draft vocabulary is the target's own most frequent tokens; dataset answers count only when
-    # nothing was regenerated (--modes reference alone).
-    own_answers = [record for record, out, is_own in zip(records, held_out, own) if is_own and not out] or training_records
-    drafter = SemiARDrafter(config, target, draft_vocab=distill.frequent_tokens(own_answers, args.draft_vocab_size, signature.vocab_size))
-    store_dir = work_dir / f"targets-{'-'.join(map(str, layers))}"
-    with tqdm(total=len(records), desc="target features", unit="sequence") as bar:
-        store = distill.build_target_store(
-            target, records, layers, top_k=args.top_k, max_sequence_tokens=args.max_sequence_tokens, directory=store_dir, progress=bar,
-        )
-    if args.stage == "data":
-        return
-    train_config = distill.TrainConfig(
-        steps=args.steps, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, sequences_per_step=args.sequences_per_step,
-        anchors_per_sequence=args.anchors_per_sequence, weight_decay=args.weight_decay, loss_weights=args.loss_weights, seed=args.seed,
-    )
+    if args.target_layers:
+        overrides["target_layers"] = tuple(int(value) for value in args.target_layers.split(","))
+    config = SemiARConfig.for_target(target, **overrides)
     started = time.perf_counter()
-    with tqdm(total=args.steps, desc="training drafter", unit="step") as bar:
-        # One checkpoint folder per drafter shape, so a changed configuration never resumes a mismatched run.
-        checkpoint = work_dir / f"checkpoint-{hashlib.sha256(config.to_json().encode()).hexdigest()[:10]}"
-        # Dataset answers can outnumber the target's own; --own-weight repeats the own ones in the shuffled pool.
-        own_training = [sequence for sequence, out, is_own in zip(store, held_out, own) if is_own and not out]
-        dataset_training = [sequence for sequence, out, is_own in zip(store, held_out, own) if not is_own and not out]
-        training = own_training * args.own_weight + dataset_training
-        tqdm.write(f"training pool: {len(training)} draws per pass, {len(own_training)} own answers × {args.own_weight}, {len(dataset_training)} dataset answers")
-        validation = [sequence for sequence, out, is_own in zip(store, held_out, own) if out and is_own]
-        history = distill.train(drafter, training, train_config, checkpoint_dir=checkpoint, progress=bar, log=tqdm.write, validation=validation)
-    drafter.save_pretrained(args.output, dtype=torch.float16)
-    print(f"saved to {args.output} after {time.perf_counter() - started:.0f} s; last step: {history[-1] if history else 'resumed at the end'}")
+    drafter = training.distill_drafter(target, tokenizer, config, work_dir, data, train_config, data_dir, stage=args.stage, log=tqdm.write)
+    if drafter is not None:
+        drafter.save_pretrained(args.output, dtype=torch.float16)
+        print(f"saved to {args.output} after {time.perf_counter() - started:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -217,8 +193,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--output is needed unless --stage data")
     if args.command == "train":
         args.loss_weights = _loss_weights(args.loss_weights, parser)
-        if args.own_weight < 1:
-            parser.error(f"--own-weight must be a positive integer, got {args.own_weight}")
     if args.command == "generate" and not args.sample and (args.temperature != 1.0 or args.top_p is not None):
         parser.error("--temperature and --top-p need --sample")
     # Loading progress bars would interleave with the streamed answer.
@@ -226,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "generate":
         _generate(args)
     elif args.command == "train":
-        _train(args)
+        _train(args, parser)
     elif args.command == "fast-path":
         bundle = pretrained.load(args.model)
         weights = [weight for module in (bundle.target, bundle.drafter) if isinstance(module, torch.nn.Module) for weight in linear_weights(module)]

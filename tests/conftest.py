@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -73,3 +75,48 @@ def start_generation(drafter, rows: int, max_length: int = 64, max_draft_tokens:
     drafter.start(GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=max_draft_tokens,
                                   max_length=max_length, sampling=sampling or SamplingConfig()))
     return drafter
+
+
+# The project's prompt data, beside the checkout (tests that need it skip without it).
+DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+TRAIN_DIR = DATA_DIR / "train"
+
+
+def tiny_semi_ar_drafter(target, sequential="markov", block_size=4, backbone="parallel"):
+    """A small untrained SemiARDrafter for ``target`` (target layers 1 and 2), seeded."""
+    from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature
+
+    config = SemiARConfig(
+        target=TargetSignature.of(target), target_layers=(1, 2), block_size=block_size, num_heads=4, intermediate_size=64, rank=8,
+        sequential=sequential, backbone=backbone,
+    )
+    torch.manual_seed(0)
+    return SemiARDrafter(config, target)
+
+
+def regenerated_records(target, count=12, prompt_length=6, new_tokens=40):
+    """Records shaped like dspark.training.regenerate's: random prompts and the target's greedy answers."""
+    generator = torch.Generator().manual_seed(1)
+    records = []
+    for index in range(count):
+        prompt = torch.randint(3, 40, (1, prompt_length), generator=generator)
+        output = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+        records.append({"id": str(index), "mode": "greedy", "prompt_ids": prompt[0].tolist(), "response_ids": output[0, prompt_length:].tolist()})
+    return records
+
+
+def word_tokenizer():
+    """A word-level tokenizer over the tiny vocabulary (token i is "w<i>") with a minimal chat template."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(WordLevel({f"w{index}": index for index in range(VOCAB)}, unk_token="w0"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", pad_token="w0")
+    tokenizer.chat_template = (
+        "{% for message in messages %}{% if message['role'] == 'assistant' %}w4 {% endif %}{{ message['content'] }} w3 {% endfor %}"
+        "{% if add_generation_prompt %}w4 {% endif %}"
+    )
+    return tokenizer

@@ -4,9 +4,11 @@ import pytest
 import torch
 
 import dspark
-from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature
+from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature, default_target_layers
+from dspark.training.store import target_features
+from dspark.types import DraftContext, SamplingConfig
 from dspark.verify import DrafterConfidence, FixedLength, Threshold
-from tests.conftest import build_model, left_padded_batch, start_generation
+from tests.conftest import build_model, left_padded_batch, start_generation, tiny_semi_ar_drafter
 
 
 def _drafter(target, seed: int = 0, **overrides) -> SemiARDrafter:
@@ -167,3 +169,44 @@ def test_vocabulary_features_follow_weight_changes(llama):
     with torch.inference_mode():
         expected = drafter.previous_token_features(drafter.draft_vocab)
     assert torch.allclose(after, expected) and not torch.allclose(after, before)
+
+
+@pytest.mark.parametrize("sequential, backbone", [("markov", "parallel"), ("rnn", "parallel"), (None, "parallel"), (None, "autoregressive"), ("rnn", "autoregressive")])
+def test_training_outputs_equal_inference_drafts(llama, sequential, backbone):
+    """Teacher-forced training outputs at an anchor equal what propose computes there (same function)."""
+    drafter = tiny_semi_ar_drafter(llama, sequential, backbone=backbone).eval()
+    with torch.no_grad():
+        drafter.transition_out.normal_(0, 0.5)
+    tokens = torch.randint(3, 60, (1, 30), generator=torch.Generator().manual_seed(2))
+    anchor = 17
+    features, _ = target_features(llama, tokens, drafter.target_layers, torch.tensor([0]))
+    context = DraftContext(
+        tokens=tokens, begin=torch.tensor([0]), end=torch.tensor([anchor + 1]), rows=torch.tensor([0]), step=0,
+        sampling=SamplingConfig(), features=features[:, :anchor], feature_mask=torch.ones((1, anchor), dtype=torch.long),
+    )
+    draft = start_generation(drafter, rows=1).propose(context, 4)
+    forced = tokens.clone()
+    forced[0, anchor + 1 : anchor + 4] = draft.tokens[0, :3]
+    with torch.no_grad():
+        logits, confidence = drafter.training_outputs(features, forced, torch.tensor([[anchor]]))
+    assert torch.equal(logits[0, 0].argmax(dim=-1), draft.tokens[0])
+    assert torch.allclose(logits[0, 0].softmax(dim=-1), draft.probs[0], atol=1e-5)
+    assert torch.allclose(confidence[0, 0], draft.confidence[0], atol=1e-5)
+
+
+def test_default_target_layers_are_spread_over_the_model():
+    """Three hidden-state indices from the first layer to the last but one."""
+    assert default_target_layers(30) == (1, 15, 29)
+    assert default_target_layers(2) == (1,)
+
+
+def test_fp16_checkpoint_round_trip(tmp_path, llama):
+    """save_pretrained(dtype=float16) halves the file and loads back into a float32 drafter."""
+    drafter = tiny_semi_ar_drafter(llama)
+    drafter.save_pretrained(tmp_path / "fp32")
+    drafter.save_pretrained(tmp_path / "fp16", dtype=torch.float16)
+    size = lambda name: (tmp_path / name / "model.safetensors").stat().st_size
+    assert size("fp16") < 0.6 * size("fp32")
+    loaded = SemiARDrafter.from_pretrained(tmp_path / "fp16", target=llama)
+    assert loaded.transition_in.weight.dtype == torch.float32
+    assert torch.allclose(loaded.transition_in.weight, drafter.transition_in.weight, atol=1e-3)

@@ -40,7 +40,7 @@ from dspark.verify.confidence import DrafterConfidence
 from dspark.verify.policies import FixedLength, Threshold
 from dspark.verify.warping import draw, warped_probs
 
-__all__ = ["SemiARConfig", "SemiARDrafter", "TargetSignature"]
+__all__ = ["SemiARConfig", "SemiARDrafter", "TargetSignature", "default_target_layers"]
 
 SEQUENTIAL_HEADS = ("markov", "rnn", None)
 BACKBONES = ("parallel", "autoregressive")
@@ -64,6 +64,13 @@ class TargetSignature:
             hidden_size=target.get_input_embeddings().weight.shape[1],
             vocab_size=target.get_output_embeddings().weight.shape[0],
         )
+
+
+def default_target_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:
+    """``count`` evenly spaced indices into the target's hidden states, from its first layer to its last but one."""
+    if num_layers < 2:
+        return (num_layers,)
+    return tuple(sorted({round(1 + index * (num_layers - 2) / max(count - 1, 1)) for index in range(count)}))
 
 
 @attrs.frozen
@@ -99,6 +106,17 @@ class SemiARConfig:
             raise ValueError(
                 f"draft_vocab_size must be None or in [1, {self.target.vocab_size}], got {self.draft_vocab_size!r}"
             )
+
+    @classmethod
+    def for_target(cls, target, **overrides) -> "SemiARConfig":
+        """A config for ``target`` (a transformers causal LM): its signature, ``default_target_layers`` of
+        its depth and its attention head count, then ``overrides`` (any other field)."""
+        values = {
+            "target": TargetSignature.of(target),
+            "target_layers": default_target_layers(target.config.num_hidden_layers),
+            "num_heads": target.config.num_attention_heads,
+        }
+        return cls(**(values | overrides))
 
     @property
     def hidden_size(self) -> int:
