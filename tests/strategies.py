@@ -66,3 +66,61 @@ def linear_problems(draw, max_features: int = 40, max_rows: int = 24):
     else:
         x = torch.randn((*leading, in_features), generator=generator)
     return x, weight, bias
+
+
+@st.composite
+def calibration_logs(draw, max_blocks: int = 12, max_width: int = 5):
+    """CalibrationLog with partial verification: random survival [N, γ] (exact 0 and 1 included),
+    ℓ ≤ drafted ≤ γ and n ≤ ℓ per block, so every case n < ℓ, n = ℓ, ℓ < γ, ℓ = 0 occurs."""
+    from dspark.verify.calibration import CalibrationLog
+
+    blocks = draw(st.integers(0, max_blocks))
+    width = draw(st.integers(1, max_width))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    survival = torch.rand((blocks, width), generator=generator)
+    survival[torch.rand((blocks, width), generator=generator) < 0.1] = 1.0
+    survival[torch.rand((blocks, width), generator=generator) < 0.1] = 0.0
+    drafted = torch.tensor([draw(st.integers(0, width)) for _ in range(blocks)], dtype=torch.long)
+    verified = torch.tensor([draw(st.integers(0, int(d))) for d in drafted], dtype=torch.long)
+    accepted = torch.tensor([draw(st.integers(0, int(v))) for v in verified], dtype=torch.long)
+    return CalibrationLog(survival=survival, verified=verified, accepted=accepted, drafted=drafted)
+
+
+@st.composite
+def scored_outcomes(draw, max_size: int = 30):
+    """(predicted FloatTensor[M] in [0, 1], outcome BoolTensor[M]), M ≥ 1, often with tied scores."""
+    size = draw(st.integers(1, max_size))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    predicted = torch.rand(size, generator=generator, dtype=torch.float64)
+    if draw(st.booleans()):
+        predicted = (predicted * 4).round() / 4  # few distinct values: many ties, exact 0 and 1
+    outcome = torch.rand(size, generator=generator, dtype=torch.float64) < draw(st.sampled_from([0.0, 0.2, 0.5, 0.9]))
+    return predicted, outcome
+
+
+@st.composite
+def isotonic_problems(draw, max_size: int = 40):
+    """(x FloatTensor[M], y FloatTensor[M] or BoolTensor[M], weights FloatTensor[M] or None), M ≥ 1, x with ties."""
+    size = draw(st.integers(1, max_size))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    x = torch.randn(size, generator=generator, dtype=torch.float64)
+    if draw(st.booleans()):
+        x = x.round()
+    if draw(st.booleans()):
+        y = torch.rand(size, generator=generator, dtype=torch.float64) < torch.sigmoid(2 * x)
+    else:
+        y = x + torch.randn(size, generator=generator, dtype=torch.float64)
+    weights = torch.rand(size, generator=generator, dtype=torch.float64) + 0.1 if draw(st.booleans()) else None
+    return x, y, weights
+
+
+@st.composite
+def survival_and_temperatures(draw, max_rows: int = 20, max_width: int = 5):
+    """(survival FloatTensor[R, γ] in [0, 1] with ties and exact 0/1, temperatures: 1..γ+1 floats > 0)."""
+    rows, width = draw(st.integers(1, max_rows)), draw(st.integers(1, max_width))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    survival = torch.rand((rows, width), generator=generator)
+    if draw(st.booleans()):
+        survival = (survival * 5).round() / 5
+    temperatures = draw(st.lists(st.floats(0.05, 20.0), min_size=1, max_size=width + 1))
+    return survival, tuple(temperatures)
