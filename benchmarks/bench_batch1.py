@@ -91,7 +91,7 @@ def _methods(target, gammas: list[int]) -> dict:
 
         return run
 
-    default_gamma = PromptLookupDrafter().default_draft_tokens
+    default_gamma = PromptLookupDrafter().max_draft_tokens
     methods = {
         BASELINE: hf(),
         "hf_prompt_lookup": hf(prompt_lookup_num_tokens=HF_LOOKUP_TOKENS),
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
             "prompts": len(per_prompt),
             "per_category": args.per_category,
             "max_new_tokens": args.max_new_tokens,
-            "default_gamma": PromptLookupDrafter().default_draft_tokens,
+            "default_gamma": PromptLookupDrafter().max_draft_tokens,
             "gammas": args.gammas,
             "hf_prompt_lookup_num_tokens": HF_LOOKUP_TOKENS,
             "torch": torch.__version__,

@@ -78,7 +78,7 @@ def _drafters(args, target) -> dict:
         for name, (sequential, backbone) in UNTRAINED.items():
             config = SemiARConfig(
                 target=TargetSignature.of(target), target_layers=default_target_layers(target.config.num_hidden_layers),
-                block_size=args.gamma, num_heads=target.config.num_attention_heads, sequential=sequential, backbone=backbone,
+                max_draft_tokens=args.gamma, num_heads=target.config.num_attention_heads, sequential=sequential, backbone=backbone,
             )
             torch.manual_seed(0)
             drafters[name] = SemiARDrafter(config, target).eval()
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
         speed[category][method][1] += seconds
 
     mismatches, defaults = [], collections.defaultdict(lambda: _Acceptance(args.gamma))
-    lookup_acceptance = _Acceptance(PromptLookupDrafter().default_draft_tokens)
+    lookup_acceptance = _Acceptance(PromptLookupDrafter().max_draft_tokens)
     # Built once, outside every timed call: what a caller keeps between generations.
     lookup = dspark.wrap(target, PromptLookupDrafter())
     plain = dspark.wrap(target, PromptLookupDrafter(), policy=FixedLength(0))

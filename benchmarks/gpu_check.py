@@ -204,13 +204,13 @@ class _TimedDrafter:
         self.drafter, self.seconds, self.calls = drafter, 0.0, 0
         self.vocab_size = drafter.vocab_size
         self.target_layers = hook(drafter, "target_layers", DRAFTER_HOOKS)
-        self.default_draft_tokens = drafter.default_draft_tokens
+        self.max_draft_tokens = drafter.max_draft_tokens
         self.start = hook(drafter, "start", DRAFTER_HOOKS)
 
-    def propose(self, context, max_tokens):
+    def propose(self, context, max_draft_tokens):
         _sync(context.tokens.device)
         started = time.perf_counter()
-        draft = self.drafter.propose(context, max_tokens)
+        draft = self.drafter.propose(context, max_draft_tokens)
         _sync(context.tokens.device)
         self.seconds += time.perf_counter() - started
         self.calls += 1
@@ -226,7 +226,7 @@ def drafting_cost(target, drafter, costs: dict, device, args) -> dict:
     for rows in (1, 4) if args.quick else (1, 16):
         timed = _TimedDrafter(drafter)
         input_ids, mask = _prompts(target.config.vocab_size, [32] * rows, device)
-        dspark.wrap(target, timed, policy=FixedLength(drafter.default_draft_tokens)).generate(
+        dspark.wrap(target, timed, policy=FixedLength(drafter.max_draft_tokens)).generate(
             input_ids, attention_mask=mask, max_new_tokens=16 if args.quick else 64, do_sample=False, eos_token_id=EOS
         )
         draft_ms = 1000 * timed.seconds / max(timed.calls, 1)

@@ -45,7 +45,7 @@ def main(argv=None) -> dict:
         dict(bundle.tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, return_tensors="pt", return_dict=True))
         for prompt in training_prompts(args.data_dir, "calibration", limit=args.prompts)
     ]
-    gamma = drafter.config.block_size
+    gamma = drafter.config.max_draft_tokens
     settings = [("autoregressive", strategies.autoregressive(PromptLookupDrafter()))]
     for threshold in map(float, args.thresholds.split(",")):
         settings.append((f"threshold={threshold}", dspark.Strategy(drafter=drafter, policy=Threshold(threshold), confidence=DrafterConfidence(), max_draft_tokens=gamma)))

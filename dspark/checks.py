@@ -1,9 +1,24 @@
 """Checks every part uses: integers (TypeError for a non-int, ValueError below the minimum) and
-probabilities in [0, 1]."""
+probabilities in [0, 1]; and read-only aliases that keep a renamed attribute working for a while."""
 
 from __future__ import annotations
 
-__all__ = ["check_int", "int_at_least", "unit_interval"]
+import warnings
+
+__all__ = ["check_int", "deprecated_alias", "int_at_least", "unit_interval"]
+
+
+def deprecated_alias(new_name: str, old_name: str, removed_in: str = "0.3") -> property:
+    """A read-only property ``old_name`` that returns ``self.<new_name>`` with a DeprecationWarning."""
+
+    def read(self):
+        warnings.warn(
+            f"{type(self).__name__}.{old_name} is deprecated and will be removed in {removed_in}; use {new_name}",
+            DeprecationWarning, stacklevel=2,
+        )
+        return getattr(self, new_name)
+
+    return property(read, doc=f"Deprecated alias of ``{new_name}``.")
 
 
 def check_int(name: str, value, minimum: int, optional: bool = False) -> int | None:

@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--loss-weights", default="0.1,0.9,1.0", help="α_ce,α_tv,α_conf (paper §3.3: 0.1,0.9,1.0)")
     train.add_argument("--top-k", type=int, default=32, help="target tokens kept per position for the TV and confidence losses")
     train.add_argument("--max-sequence-tokens", type=int, default=768)
-    train.add_argument("--block-size", type=int, default=7, help="γ")
+    train.add_argument("--max-draft-tokens", "--block-size", dest="max_draft_tokens", type=int, default=7, help="γ, the block width the drafter is trained for (--block-size: deprecated spelling)")
     train.add_argument("--sequential", default="markov", choices=["markov", "rnn", "none"])
     train.add_argument("--backbone", default="parallel", choices=["parallel", "autoregressive"], help="autoregressive: the EAGLE/MTP-like ablation")
     train.add_argument("--layers", type=int, default=2)
@@ -171,7 +171,7 @@ def _train(args, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--stage train: no regenerated answers in {str(work_dir / 'data.jsonl')!r}; run --stage data or all first")
     target, tokenizer = pretrained.load_target(args.model)
     overrides = dict(
-        block_size=args.block_size, num_layers=args.layers, intermediate_size=args.intermediate_size,
+        max_draft_tokens=args.max_draft_tokens, num_layers=args.layers, intermediate_size=args.intermediate_size,
         sequential=None if args.sequential == "none" else args.sequential, backbone=args.backbone, rank=args.rank,
         draft_vocab_size=args.draft_vocab_size,
     )

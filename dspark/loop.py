@@ -81,11 +81,11 @@ def _cut(block: torch.Tensor, count: torch.Tensor, budget: torch.Tensor, eos: to
     return count, is_eos.any(dim=1) | (count == budget)
 
 
-def _schedule(strategy: Strategy, draft: Draft, rows: int, max_tokens: int, budget: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+def _schedule(strategy: Strategy, draft: Draft, rows: int, max_draft_tokens: int, budget: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Steps 2 and 3: survival c[r, k] (None without an estimator) and verify lengths ℓ_r ≤ what each row may emit."""
-    if draft.tokens.shape[0] != rows or draft.num_tokens > max_tokens:
+    if draft.tokens.shape[0] != rows or draft.num_tokens > max_draft_tokens:
         raise ValueError(
-            f"{type(strategy.drafter).__name__}.propose must return at most {max_tokens} tokens for each of {rows} rows, "
+            f"{type(strategy.drafter).__name__}.propose must return at most {max_draft_tokens} tokens for each of {rows} rows, "
             f"got tokens of shape {tuple(draft.tokens.shape)}"
         )
     if draft.num_tokens == 0:
@@ -141,15 +141,15 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         started = time.perf_counter()
         budget = spec.max_new_tokens - emitted[rows]
         # 1. Draft: never more tokens than any row could still emit after its anchor's successor.
-        max_tokens = min(strategy.max_draft_tokens, int(budget.max()) - 1)
+        max_draft_tokens = min(strategy.max_draft_tokens, int(budget.max()) - 1)
         context = DraftContext(
             tokens=sequences[rows], begin=begin[rows], end=end[rows], rows=rows, step=step,
             sampling=spec.sampling, generator=spec.generator, features=features, feature_mask=feature_mask,
         )
         with spec.forward_mode():
-            draft = strategy.drafter.propose(context, max_tokens) if max_tokens > 0 else Draft.empty(rows.numel(), device)
+            draft = strategy.drafter.propose(context, max_draft_tokens) if max_draft_tokens > 0 else Draft.empty(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
-        survival, verify_lengths = _schedule(strategy, draft, rows.numel(), max(max_tokens, 0), budget)
+        survival, verify_lengths = _schedule(strategy, draft, rows.numel(), max(max_draft_tokens, 0), budget)
         drafted = time.perf_counter()
 
         # 4. One target forward over [anchor, x_1..x_ℓ] for every row.

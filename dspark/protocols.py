@@ -3,6 +3,7 @@ declared here with their defaults (``DRAFTER_HOOKS``, ``POLICY_HOOKS``) and chec
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import attrs
@@ -39,8 +40,9 @@ class Drafter(Protocol):
 
     vocab_size: int | None
 
-    def propose(self, context: DraftContext, max_tokens: int) -> Draft:
-        """Return a draft of at most ``max_tokens`` tokens for every row of ``context``."""
+    def propose(self, context: DraftContext, max_draft_tokens: int) -> Draft:
+        """Return a draft of at most ``max_draft_tokens`` tokens for every row of ``context`` (the loop
+        passes it positionally, so an implementation may name it as it likes)."""
         ...
 
     def observe(self, outcome: StepOutcome) -> None:
@@ -96,13 +98,17 @@ class Hook:
     valid: Callable[[object], bool]
     allowed: str
     doc: str
+    # Earlier names of the same member, still read (with a DeprecationWarning) when the current one is absent.
+    deprecated_names: tuple[str, ...] = ()
 
 
 #: Optional drafter members. Absent ones take their default.
 DRAFTER_HOOKS: dict[str, Hook] = {
     "start": Hook(None, callable, "a method start(GenerationStart)", "called once per generation before the first propose"),
     "target_layers": Hook((), _is_layer_indices, "a tuple of hidden-state indices >= 0", "the target hidden states the loop hands over in DraftContext.features"),
-    "default_draft_tokens": Hook(None, _is_positive_int, "an int >= 1", "γ when neither the policy nor the caller of wrap fixes one"),
+    "max_draft_tokens": Hook(
+        None, _is_positive_int, "an int >= 1", "γ when neither the policy nor the caller of wrap fixes one", deprecated_names=("default_draft_tokens",)
+    ),
     "default_policy": Hook(None, lambda value: isinstance(value, VerifyPolicy), "a VerifyPolicy", "the policy wrap uses when given none"),
     "default_confidence": Hook(None, lambda value: isinstance(value, ConfidenceEstimator), "a ConfidenceEstimator", "the estimator wrap uses with default_policy"),
 }
@@ -110,7 +116,10 @@ DRAFTER_HOOKS: dict[str, Hook] = {
 #: Optional verify-policy members. Absent ones take their default.
 POLICY_HOOKS: dict[str, Hook] = {
     "needs_survival": Hook(False, lambda value: isinstance(value, bool), "a bool", "the policy reads survival, so a confidence estimator is required"),
-    "max_length": Hook(None, lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an int >= 0", "the longest verify length it picks; wrap uses it as γ"),
+    "max_draft_tokens": Hook(
+        None, lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an int >= 0",
+        "the longest verify length it picks; wrap uses it as γ", deprecated_names=("max_length",),
+    ),
 }
 
 
@@ -119,13 +128,26 @@ def hook(part, name: str, hooks: dict[str, Hook]):
     (or None)."""
     if name not in hooks:
         raise ValueError(f"name must be a declared hook, one of {sorted(hooks)}, got {name!r}")
-    value = getattr(part, name, None)
+    value = _member(part, name, hooks[name])
     return hooks[name].default if value is None else value
+
+
+def _member(part, name: str, declared: Hook):
+    """``part.name``, else the first of its deprecated names that ``part`` has (with a warning), else None."""
+    value = getattr(part, name, None)
+    if value is not None:
+        return value
+    for old_name in declared.deprecated_names:
+        value = getattr(part, old_name, None)
+        if value is not None:
+            warnings.warn(f"{type(part).__name__}.{old_name} is deprecated: name it {name}", DeprecationWarning, stacklevel=3)
+            return value
+    return None
 
 
 def check_hooks(part, hooks: dict[str, Hook], role: str) -> None:
     """Refuse a part whose optional members are present but not what their hook allows."""
     for name, declared in hooks.items():
-        value = getattr(part, name, None)
+        value = _member(part, name, declared)
         if value is not None and not declared.valid(value):
             raise TypeError(f"{role}.{name} of {type(part).__name__} must be {declared.allowed} ({declared.doc}), got {value!r}")

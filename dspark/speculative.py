@@ -150,8 +150,8 @@ def wrap(
 
     With no ``policy``, the drafter's own ``default_policy`` (and ``default_confidence``, unless
     ``confidence`` is given) is used when it declares one, else every drafted token is verified.
-    γ defaults to the policy's ``max_length`` when it has one, else to the drafter's
-    ``default_draft_tokens``, else ``DEFAULT_DRAFT_TOKENS``. ``fast_path`` is ``SpeculativeModel``'s
+    γ defaults to the policy's ``max_draft_tokens`` when it has one, else to the drafter's
+    ``max_draft_tokens``, else ``DEFAULT_DRAFT_TOKENS``. ``fast_path`` is ``SpeculativeModel``'s
     (default: on for CPU targets; ``fast_path=False`` runs plain forwards)."""
     check_hooks(drafter, DRAFTER_HOOKS, "drafter")
     if policy is not None:
@@ -160,9 +160,9 @@ def wrap(
         policy = drafter.default_policy
         confidence = hook(drafter, "default_confidence", DRAFTER_HOOKS) if confidence is None else confidence
     if max_draft_tokens is None and policy is not None:
-        max_draft_tokens = hook(policy, "max_length", POLICY_HOOKS)
+        max_draft_tokens = hook(policy, "max_draft_tokens", POLICY_HOOKS)
     if max_draft_tokens is None:
-        max_draft_tokens = hook(drafter, "default_draft_tokens", DRAFTER_HOOKS) or DEFAULT_DRAFT_TOKENS
+        max_draft_tokens = hook(drafter, "max_draft_tokens", DRAFTER_HOOKS) or DEFAULT_DRAFT_TOKENS
     max_draft_tokens = check_max_draft_tokens(max_draft_tokens)
     strategy_arguments = {
         "drafter": drafter,

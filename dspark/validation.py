@@ -86,7 +86,7 @@ def check_drafter(drafter, vocab_size: int) -> None:
     """Refuse objects that are not Drafters and drafters whose vocabulary is not the target's."""
     if not isinstance(drafter, Drafter):
         raise TypeError(
-            f"drafter must implement dspark.Drafter (propose(context, max_tokens), observe(outcome), vocab_size), "
+            f"drafter must implement dspark.Drafter (propose(context, max_draft_tokens), observe(outcome), vocab_size), "
             f"got {type(drafter).__name__}"
         )
     if drafter.vocab_size is not None and drafter.vocab_size != vocab_size:

@@ -20,12 +20,12 @@ class DocumentDrafter:
     def start(self, start):  # optional hook: a new generation of start.rows rows
         self.accepted = torch.zeros(start.rows, dtype=torch.long)
 
-    def propose(self, context, max_tokens):
-        tokens = torch.zeros((context.rows.numel(), max_tokens), dtype=torch.long)
+    def propose(self, context, max_draft_tokens):
+        tokens = torch.zeros((context.rows.numel(), max_draft_tokens), dtype=torch.long)
         lengths = torch.zeros(context.rows.numel(), dtype=torch.long)
         for index, (begin, end) in enumerate(zip(context.begin.tolist(), context.end.tolist())):
             tail = context.tokens[index, max(begin, end - 2) : end]
-            found = lookup_continuation(torch.cat([self.document, tail]), 2, 2, max_tokens)
+            found = lookup_continuation(torch.cat([self.document, tail]), 2, 2, max_draft_tokens)
             tokens[index, : found.numel()], lengths[index] = found, found.numel()
         return dspark.Draft(tokens=tokens, lengths=lengths)
 

@@ -7,6 +7,7 @@ docs/training.rst); this one is just big enough to show every stage.
 """
 
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -15,12 +16,15 @@ from dspark.drafters import SemiARConfig
 from dspark.pretrained import encode_chat, load_target
 from dspark.training import DataConfig, TrainConfig, distill_drafter
 
+# The project's prompt sets beside this checkout; elsewhere pass your own folder holding train/.
+DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
 target, tokenizer = load_target("smollm2-135m-instruct")
 config = SemiARConfig.for_target(target, num_layers=1, intermediate_size=256, rank=16, draft_vocab_size=2048)
-data = DataConfig(prompts=8, max_new_tokens=48, modes=("greedy", "reference"))  # prompts from shared/data/train
+data = DataConfig(prompts=8, max_new_tokens=48, modes=("greedy", "reference"))
 steps = TrainConfig(steps=30, learning_rate=1e-3, warmup_steps=5, sequences_per_step=2, anchors_per_sequence=8)
 with tempfile.TemporaryDirectory() as work_dir:
-    drafter = distill_drafter(target, tokenizer, config, work_dir, data, steps, progress=False)
+    drafter = distill_drafter(target, tokenizer, config, work_dir, data, steps, data_dir=DATA_DIR, progress=False)
     drafter.save_pretrained(f"{work_dir}/drafter", dtype=torch.float16)  # what --output writes
 
 batch = encode_chat(tokenizer, ["Give three tips for staying healthy."])

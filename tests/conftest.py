@@ -82,12 +82,12 @@ DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 TRAIN_DIR = DATA_DIR / "train"
 
 
-def tiny_semi_ar_drafter(target, sequential="markov", block_size=4, backbone="parallel"):
+def tiny_semi_ar_drafter(target, sequential="markov", max_draft_tokens=4, backbone="parallel"):
     """A small untrained SemiARDrafter for ``target`` (target layers 1 and 2), seeded."""
     from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature
 
     config = SemiARConfig(
-        target=TargetSignature.of(target), target_layers=(1, 2), block_size=block_size, num_heads=4, intermediate_size=64, rank=8,
+        target=TargetSignature.of(target), target_layers=(1, 2), max_draft_tokens=max_draft_tokens, num_heads=4, intermediate_size=64, rank=8,
         sequential=sequential, backbone=backbone,
     )
     torch.manual_seed(0)

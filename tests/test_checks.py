@@ -2,7 +2,7 @@
 
 import pytest
 
-from dspark.checks import check_int
+from dspark.checks import check_int, deprecated_alias
 
 
 @pytest.mark.parametrize("value, error", [(2.0, TypeError), (True, TypeError), ("3", TypeError), (-1, ValueError)])
@@ -18,3 +18,14 @@ def test_check_int_returns_valid_values_and_optional_none():
     assert check_int("count", None, 1, optional=True) is None
     with pytest.raises(TypeError, match="or None"):
         check_int("count", 1.5, 1, optional=True)
+
+
+def test_deprecated_alias_reads_the_new_name_and_warns():
+    """A deprecated alias returns the renamed attribute's value with a DeprecationWarning naming both names."""
+
+    class Part:
+        max_draft_tokens = 5
+        k = deprecated_alias("max_draft_tokens", "k")
+
+    with pytest.warns(DeprecationWarning, match="Part.k is deprecated and will be removed in 0.3; use max_draft_tokens"):
+        assert Part().k == 5

@@ -45,14 +45,14 @@ def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
     cli.main([*common, "--stage", "data", "--modes", "greedy,reference"])
     assert list((tmp_path / "work").glob("targets-*/shard-*.safetensors")) and not (tmp_path / "drafter").exists()
     cli.main([*common, "--stage", "train", "--prompts", "8", "--output", str(tmp_path / "drafter"), "--steps", "2",
-              "--draft-vocab-size", "512", "--intermediate-size", "64", "--block-size", "3", "--weight-decay", "0.01", "--own-weight", "3"])
+              "--draft-vocab-size", "512", "--intermediate-size", "64", "--max-draft-tokens", "3", "--weight-decay", "0.01", "--own-weight", "3"])
     assert re.search(r"training pool: \d+ draws per pass, \d+ own answers × 3, \d+ dataset answers", capsys.readouterr().out)
     records = [json.loads(line) for line in (tmp_path / "work" / "data.jsonl").read_text().splitlines()]
     # One prompt per source; ShareGPT has no dataset answer, so three references.
     assert collections.Counter(record["mode"] for record in records) == {"greedy": 4, "reference": 3}
     assert all(record["response_ids"] for record in records)
     config = json.loads((tmp_path / "drafter" / "config.json").read_text())
-    assert config["draft_vocab_size"] == 512 and config["block_size"] == 3
+    assert config["draft_vocab_size"] == 512 and config["max_draft_tokens"] == 3
     drafter = SemiARDrafter.from_pretrained(tmp_path / "drafter", target=load_target()[0])
     assert drafter.draft_vocab.numel() == 512
     capsys.readouterr()

@@ -38,9 +38,9 @@ def test_observe_rolls_back_rejected_drafts():
 
 
 def test_bad_block_width_is_refused():
-    """default_draft_tokens below 1 is refused."""
-    with pytest.raises(ValueError, match="default_draft_tokens"):
-        DraftModelDrafter(build_model("llama"), default_draft_tokens=0)
+    """max_draft_tokens below 1 is refused."""
+    with pytest.raises(ValueError, match="max_draft_tokens"):
+        DraftModelDrafter(build_model("llama"), max_draft_tokens=0)
 
 
 def test_draft_model_with_a_shorter_context_is_refused(llama):
@@ -48,3 +48,11 @@ def test_draft_model_with_a_shorter_context_is_refused(llama):
     short = build_model("llama", seed=1, max_position_embeddings=32)
     with pytest.raises(ValueError, match="draft model's context of 32 tokens"):
         dspark.generate(llama, torch.tensor([[3, 4, 5, 6]]), drafter=DraftModelDrafter(short), max_new_tokens=40)
+
+
+def test_default_draft_tokens_is_a_deprecated_spelling(llama):
+    """DraftModelDrafter(default_draft_tokens=) and .default_draft_tokens still mean max_draft_tokens, with a warning."""
+    with pytest.warns(DeprecationWarning):
+        drafter = DraftModelDrafter(llama, default_draft_tokens=6)
+    with pytest.warns(DeprecationWarning):
+        assert drafter.max_draft_tokens == drafter.default_draft_tokens == 6

@@ -138,11 +138,11 @@ class FeatureRecordingDrafter(PromptLookupDrafter):
     def start(self, start):
         self.seen = {}
 
-    def propose(self, context, max_tokens):
+    def propose(self, context, max_draft_tokens):
         for index, row in enumerate(context.rows.tolist()):
             committed = context.features[index][context.feature_mask[index].bool()]
             self.seen[row] = torch.cat([self.seen.get(row, committed[:0]), committed])
-        return super().propose(context, max_tokens)
+        return super().propose(context, max_draft_tokens)
 
 
 def test_target_features_of_committed_tokens_match_a_clean_forward(llama):
@@ -161,15 +161,15 @@ def test_target_features_of_committed_tokens_match_a_clean_forward(llama):
 
 
 class OverlongDrafter(PromptLookupDrafter):
-    """Ignores max_tokens: a broken third-party drafter."""
+    """Ignores max_draft_tokens: a broken third-party drafter."""
 
-    def propose(self, context, max_tokens):
+    def propose(self, context, max_draft_tokens):
         rows = context.tokens.shape[0]
-        return dspark.Draft(tokens=torch.ones((rows, max_tokens + 2), dtype=torch.long), lengths=torch.full((rows,), max_tokens + 2))
+        return dspark.Draft(tokens=torch.ones((rows, max_draft_tokens + 2), dtype=torch.long), lengths=torch.full((rows,), max_draft_tokens + 2))
 
 
 def test_a_draft_longer_than_asked_is_refused(llama):
-    """The loop refuses drafts wider than max_tokens, naming the drafter."""
+    """The loop refuses drafts wider than max_draft_tokens, naming the drafter."""
     with pytest.raises(ValueError, match="OverlongDrafter.propose"):
         dspark.generate(llama, torch.tensor([[3, 4, 5, 3, 4]]), drafter=OverlongDrafter(), max_new_tokens=6)
 
@@ -180,9 +180,9 @@ class LifecycleRecordingDrafter(PromptLookupDrafter):
     def start(self, start):
         self.events = [("start", start)]
 
-    def propose(self, context, max_tokens):
+    def propose(self, context, max_draft_tokens):
         self.events.append(("propose", context.rows.tolist()))
-        return super().propose(context, max_tokens)
+        return super().propose(context, max_draft_tokens)
 
     def observe(self, outcome):
         self.events.append(("observe", outcome.rows[outcome.finished].tolist()))

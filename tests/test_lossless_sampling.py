@@ -64,7 +64,7 @@ def models():
 
 
 def _semi_ar_drafter(target, backbone: str = "parallel") -> SemiARDrafter:
-    config = SemiARConfig(target=TargetSignature.of(target), target_layers=(1, 2), block_size=2, num_heads=4, intermediate_size=32, rank=4, backbone=backbone)
+    config = SemiARConfig(target=TargetSignature.of(target), target_layers=(1, 2), max_draft_tokens=2, num_heads=4, intermediate_size=32, rank=4, backbone=backbone)
     torch.manual_seed(3)
     drafter = SemiARDrafter(config, target)
     with torch.no_grad():

@@ -12,8 +12,8 @@ COST = ConstantCostModel()
 
 
 @given(st.integers(0, 8), st.lists(st.integers(0, 8), min_size=1, max_size=6))
-def test_fixed_length_is_k_capped_by_limits(k, limits):
-    """FixedLength(k) verifies min(k, limit) tokens of every row, survival unused."""
+def test_fixed_length_is_gamma_capped_by_limits(k, limits):
+    """FixedLength(γ) verifies min(γ, limit) tokens of every row, survival unused."""
     limits = torch.tensor(limits)
     assert torch.equal(FixedLength(k).lengths(None, COST, limits), limits.clamp_max(k))
 
@@ -42,3 +42,10 @@ def test_bad_parameters_are_refused(factory, value, error):
     """Bad policy parameters raise (TypeError for a wrong type, ValueError out of range) with the value in the message."""
     with pytest.raises(error, match=repr(value)):
         factory(value)
+
+
+def test_fixed_length_earlier_names_still_read():
+    """FixedLength.k and .max_length, the earlier names of max_draft_tokens, still read it (with a warning)."""
+    policy = FixedLength(3)
+    with pytest.warns(DeprecationWarning):
+        assert policy.k == policy.max_length == policy.max_draft_tokens == 3

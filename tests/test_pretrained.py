@@ -33,7 +33,7 @@ def test_bundle_parts(bundle):
     """The bundle carries a Llama target, its tokenizer and the DSpark drafter shipped for it."""
     assert bundle.target.config.vocab_size == 49152
     assert isinstance(bundle.drafter, SemiARDrafter)
-    assert bundle.drafter.config.sequential == "markov" and bundle.drafter.config.block_size == 7
+    assert bundle.drafter.config.sequential == "markov" and bundle.drafter.config.max_draft_tokens == 7
     assert bundle.tokenizer.eos_token == "<|im_end|>"
 
 

@@ -12,15 +12,15 @@ from dspark.types import DraftContext, SamplingConfig
 def test_lookup_takes_the_latest_match_of_the_longest_ngram():
     """The last trigram's latest earlier occurrence decides the continuation."""
     context = torch.tensor([1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3])
-    assert lookup_continuation(context, max_ngram=3, min_ngram=1, max_tokens=3).tolist() == [7, 8, 5]
+    assert lookup_continuation(context, max_ngram=3, min_ngram=1, max_draft_tokens=3).tolist() == [7, 8, 5]
 
 
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(1, 4), st.integers(1, 6))
-def test_lookup_continuation_follows_a_real_match(tokens, max_ngram, max_tokens):
+def test_lookup_continuation_follows_a_real_match(tokens, max_ngram, max_draft_tokens):
     """Whatever is proposed follows an earlier occurrence of the context's suffix."""
     context = torch.tensor(tokens)
-    found = lookup_continuation(context, max_ngram, 1, max_tokens).tolist()
-    assert len(found) <= max_tokens
+    found = lookup_continuation(context, max_ngram, 1, max_draft_tokens).tolist()
+    assert len(found) <= max_draft_tokens
     if found:
         matches = [
             start for n in range(1, max_ngram + 1) for start in range(len(tokens) - n)
@@ -39,7 +39,7 @@ def test_propose_handles_ragged_rows():
     assert draft.probs is None
 
 
-@pytest.mark.parametrize("kwargs", [{"max_ngram": 0}, {"min_ngram": 4, "max_ngram": 2}, {"default_draft_tokens": 0}])
+@pytest.mark.parametrize("kwargs", [{"max_ngram": 0}, {"min_ngram": 4, "max_ngram": 2}, {"max_draft_tokens": 0}])
 def test_bad_sizes_are_refused(kwargs):
     """Sizes below 1 or min above max are refused."""
     with pytest.raises(ValueError):

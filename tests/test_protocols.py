@@ -14,10 +14,30 @@ def test_absent_hooks_take_their_declared_defaults():
     lookup = PromptLookupDrafter()
     assert hook(lookup, "target_layers", DRAFTER_HOOKS) == ()
     assert hook(lookup, "start", DRAFTER_HOOKS) is None
-    assert hook(lookup, "default_draft_tokens", DRAFTER_HOOKS) == 4  # present: its own value
+    assert hook(lookup, "max_draft_tokens", DRAFTER_HOOKS) == 4  # present: its own value
     assert hook(FixedLength(3), "needs_survival", POLICY_HOOKS) is False
-    assert hook(Threshold(0.5), "max_length", POLICY_HOOKS) is None
-    assert hook(FixedLength(3), "max_length", POLICY_HOOKS) == 3
+    assert hook(Threshold(0.5), "max_draft_tokens", POLICY_HOOKS) is None
+    assert hook(FixedLength(3), "max_draft_tokens", POLICY_HOOKS) == 3
+
+
+@attrs.frozen
+class _OldPolicy:
+    """A policy written against the earlier hook name for γ."""
+
+    max_length: int = 2
+
+    def lengths(self, survival, cost_model, limits):
+        return limits.clamp_max(self.max_length)
+
+
+def test_earlier_hook_names_still_work_with_a_deprecation_warning(llama):
+    """A part that declares γ under its earlier name (max_length, default_draft_tokens) is read, checked and warned about."""
+    with pytest.warns(DeprecationWarning, match="_OldPolicy.max_length is deprecated: name it max_draft_tokens"):
+        assert hook(_OldPolicy(), "max_draft_tokens", POLICY_HOOKS) == 2
+    with pytest.warns(DeprecationWarning):
+        assert dspark.wrap(llama, PromptLookupDrafter(), policy=_OldPolicy()).strategy.max_draft_tokens == 2
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="policy.max_draft_tokens of _OldPolicy must be an int >= 0"):
+        check_hooks(_OldPolicy(max_length=-1), POLICY_HOOKS, "policy")
 
 
 def test_only_declared_hooks_can_be_read():
@@ -37,7 +57,7 @@ class _Drafter(PromptLookupDrafter):
 @attrs.frozen
 class _Policy:
     needs_survival: object = False
-    max_length: object = None
+    max_draft_tokens: object = None
 
     def lengths(self, survival, cost_model, limits):
         return limits
@@ -50,7 +70,7 @@ class _Policy:
         (_Drafter(target_layers=(1, -2)), DRAFTER_HOOKS, "drafter.target_layers"),
         (_Drafter(start="begin"), DRAFTER_HOOKS, "drafter.start of _Drafter must be a method start"),
         (_Policy(needs_survival="yes"), POLICY_HOOKS, "policy.needs_survival of _Policy must be a bool"),
-        (_Policy(max_length=-1), POLICY_HOOKS, "policy.max_length of _Policy must be an int >= 0"),
+        (_Policy(max_draft_tokens=-1), POLICY_HOOKS, "policy.max_draft_tokens of _Policy must be an int >= 0"),
     ],
 )
 def test_bad_hooks_are_refused_at_wrap(llama, part, hooks, message):

@@ -1,5 +1,7 @@
 """The semi-autoregressive DSpark drafter in dspark/drafters/semi_ar.py (untrained, on tiny targets)."""
 
+import json
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from tests.conftest import build_model, left_padded_batch, start_generation, tin
 
 
 def _drafter(target, seed: int = 0, **overrides) -> SemiARDrafter:
-    config = SemiARConfig(target=TargetSignature.of(target), target_layers=(1, 2), block_size=4, num_heads=4, intermediate_size=64, rank=8, **overrides)
+    config = SemiARConfig(target=TargetSignature.of(target), target_layers=(1, 2), max_draft_tokens=4, num_heads=4, intermediate_size=64, rank=8, **overrides)
     torch.manual_seed(seed)
     drafter = SemiARDrafter(config, target)
     with torch.no_grad():  # a non-zero transition so the sequential head matters in these tests
@@ -39,7 +41,7 @@ def test_greedy_equals_hf_generate(architecture, sequential, backbone):
 def test_draft_carries_probabilities_and_confidence(llama):
     """Drafts carry q over the full vocabulary (zero outside the draft vocabulary) and c_k in (0, 1)."""
     target = llama
-    config = SemiARConfig(target=TargetSignature.of(target), target_layers=(2,), block_size=3, rank=4, intermediate_size=32, draft_vocab_size=50)
+    config = SemiARConfig(target=TargetSignature.of(target), target_layers=(2,), max_draft_tokens=3, rank=4, intermediate_size=32, draft_vocab_size=50)
     drafter = SemiARDrafter(config, target, draft_vocab=torch.arange(10, 60))
     input_ids, attention_mask = left_padded_batch([5, 9])
     result = dspark.wrap(target, drafter, policy=FixedLength(3)).generate(input_ids, attention_mask=attention_mask, max_new_tokens=8)
@@ -78,7 +80,7 @@ def test_save_load_round_trip(tmp_path, llama):
 
 def test_loading_another_draft_vocabulary_rederives_the_reduced_head(llama):
     """load_state_dict from a drafter with another draft vocabulary (a checkpoint) then drafts exactly like that drafter."""
-    config = SemiARConfig(target=TargetSignature.of(llama), target_layers=(2,), block_size=3, rank=4, intermediate_size=32, draft_vocab_size=50)
+    config = SemiARConfig(target=TargetSignature.of(llama), target_layers=(2,), max_draft_tokens=3, rank=4, intermediate_size=32, draft_vocab_size=50)
     torch.manual_seed(0)
     source = SemiARDrafter(config, llama, draft_vocab=torch.arange(10, 60)).eval()
     loaded = SemiARDrafter(config, llama, draft_vocab=torch.arange(50, 100)).eval()
@@ -101,7 +103,7 @@ def test_loading_for_another_target_is_refused(tmp_path, llama):
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [({"sequential": "lstm"}, "sequential"), ({"backbone": "tree"}, "backbone"), ({"target_layers": ()}, "target_layers"), ({"num_heads": 5}, "num_heads"), ({"draft_vocab_size": 0}, "draft_vocab_size"), ({"block_size": 0}, "block_size"), ({"verify_threshold": 1.5}, "verify_threshold")],
+    [({"sequential": "lstm"}, "sequential"), ({"backbone": "tree"}, "backbone"), ({"target_layers": ()}, "target_layers"), ({"num_heads": 5}, "num_heads"), ({"draft_vocab_size": 0}, "draft_vocab_size"), ({"max_draft_tokens": 0}, "max_draft_tokens"), ({"verify_threshold": 1.5}, "verify_threshold")],
 )
 def test_bad_configs_are_refused(llama, overrides, message):
     """Invalid configuration values raise ValueError naming the field."""
@@ -210,3 +212,13 @@ def test_fp16_checkpoint_round_trip(tmp_path, llama):
     loaded = SemiARDrafter.from_pretrained(tmp_path / "fp16", target=llama)
     assert loaded.transition_in.weight.dtype == torch.float32
     assert torch.allclose(loaded.transition_in.weight, drafter.transition_in.weight, atol=1e-3)
+
+
+def test_config_files_naming_gamma_block_size_still_load(llama):
+    """A config.json written before the rename (block_size) loads as max_draft_tokens; .block_size still reads it, with a warning."""
+    config = tiny_semi_ar_drafter(llama, max_draft_tokens=5).config
+    values = json.loads(config.to_json())
+    values["block_size"] = values.pop("max_draft_tokens")
+    assert SemiARConfig.from_json(json.dumps(values)) == config
+    with pytest.warns(DeprecationWarning):
+        assert config.block_size == 5

@@ -29,7 +29,7 @@ def test_public_api_names():
 
 def test_wrap_defaults_verify_every_drafted_token(llama):
     """wrap(model, drafter) verifies the drafter's default block; FixedLength(k) sets γ = k."""
-    assert dspark.wrap(llama, PromptLookupDrafter(default_draft_tokens=6)).strategy.max_draft_tokens == 6
+    assert dspark.wrap(llama, PromptLookupDrafter(max_draft_tokens=6)).strategy.max_draft_tokens == 6
     assert dspark.wrap(llama, PromptLookupDrafter(), policy=FixedLength(2)).strategy.max_draft_tokens == 2
     strategy = dspark.wrap(llama, PromptLookupDrafter(), policy=FixedLength(2)).strategy
     assert strategy.policy == FixedLength(2) and strategy.confidence is None

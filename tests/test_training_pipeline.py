@@ -30,7 +30,7 @@ def _data_dir(tmp_path, per_source=6):
 
 
 def _config(target) -> SemiARConfig:
-    return SemiARConfig.for_target(target, target_layers=(1, 2), block_size=3, intermediate_size=32, rank=4, draft_vocab_size=40)
+    return SemiARConfig.for_target(target, target_layers=(1, 2), max_draft_tokens=3, intermediate_size=32, rank=4, draft_vocab_size=40)
 
 
 QUICK = TrainConfig(steps=4, learning_rate=1e-3, warmup_steps=1, sequences_per_step=2, anchors_per_sequence=2, checkpoint_every=2)

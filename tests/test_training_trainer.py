@@ -16,9 +16,9 @@ from tests.conftest import build_model, regenerated_records, tiny_semi_ar_drafte
 
 def test_sample_anchors_leave_room_for_a_block():
     """Anchors start at the last prompt token and leave γ tokens after them."""
-    anchors = sample_anchors(prompt_length=5, length=20, block_size=4, count=50, generator=torch.Generator().manual_seed(0))
+    anchors = sample_anchors(prompt_length=5, length=20, max_draft_tokens=4, count=50, generator=torch.Generator().manual_seed(0))
     assert anchors.min() >= 4 and anchors.max() <= 15 and anchors.numel() == 12
-    assert sample_anchors(prompt_length=5, length=8, block_size=4, count=3, generator=torch.Generator()) is None
+    assert sample_anchors(prompt_length=5, length=8, max_draft_tokens=4, count=3, generator=torch.Generator()) is None
 
 
 def test_short_training_run_lowers_the_loss(tmp_path):

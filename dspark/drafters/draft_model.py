@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
-from dspark.checks import check_int
+from dspark.checks import check_int, deprecated_alias
 from dspark.kv import RaggedCache, check_cache_support
 from dspark.types import Draft, DraftContext, GenerationStart, StepOutcome
 from dspark.validation import check_forward_signature, context_length
@@ -22,16 +24,21 @@ class DraftModelDrafter:
     rejection sampling. ``observe`` drops the rejected drafts from the cache.
     """
 
-    def __init__(self, model: torch.nn.Module, default_draft_tokens: int = 4):
+    def __init__(self, model: torch.nn.Module, max_draft_tokens: int = 4, *, default_draft_tokens: int | None = None):
         self.model = model
-        self.default_draft_tokens = check_int("default_draft_tokens", default_draft_tokens, 1)
+        if default_draft_tokens is not None:
+            warnings.warn("DraftModelDrafter(default_draft_tokens=) is deprecated; use max_draft_tokens=", DeprecationWarning, stacklevel=2)
+            max_draft_tokens = default_draft_tokens
+        self.max_draft_tokens = check_int("max_draft_tokens", max_draft_tokens, 1)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._forward_arguments = check_forward_signature(model)
         self._cache: RaggedCache | None = None
         self._speculative = 0
 
+    default_draft_tokens = deprecated_alias("max_draft_tokens", "default_draft_tokens")
+
     def __repr__(self) -> str:
-        return f"DraftModelDrafter({type(self.model).__name__}, default_draft_tokens={self.default_draft_tokens})"
+        return f"DraftModelDrafter({type(self.model).__name__}, max_draft_tokens={self.max_draft_tokens})"
 
     def _logits(self, tokens: torch.Tensor, new_mask: torch.Tensor, keep_last: torch.Tensor) -> torch.Tensor:
         inputs = self._cache.forward_inputs(new_mask, position_ids="position_ids" in self._forward_arguments)
@@ -54,8 +61,8 @@ class DraftModelDrafter:
         self._speculative = 0
 
     @torch.inference_mode()
-    def propose(self, context: DraftContext, max_tokens: int) -> Draft:
-        """Catch the cache up with the committed tokens, then draft ``max_tokens`` tokens per row."""
+    def propose(self, context: DraftContext, max_draft_tokens: int) -> Draft:
+        """Catch the cache up with the committed tokens, then draft ``max_draft_tokens`` tokens per row."""
         if self._cache is None:
             raise ValueError("DraftModelDrafter.propose needs start(GenerationStart) first; dspark's generate calls it")
         device = context.tokens.device
@@ -68,15 +75,15 @@ class DraftModelDrafter:
         logits = self._logits(new_tokens, offsets < missing[:, None], (missing - 1).clamp_min(0))
 
         tokens, probs = [], []
-        for k in range(max_tokens):
+        for k in range(max_draft_tokens):
             q = warped_probs(logits, context.sampling)
             token = draw(q, context.sampling, context.generator)
             tokens.append(token)
             probs.append(q)
-            if k + 1 < max_tokens:
+            if k + 1 < max_draft_tokens:
                 ones = torch.ones((token.shape[0], 1), dtype=torch.long, device=device)
                 logits = self._logits(token[:, None], ones, torch.zeros_like(token))
-        self._speculative = max(max_tokens - 1, 0)
+        self._speculative = max(max_draft_tokens - 1, 0)
         return Draft.from_positions(tokens, probs, context.rows.numel(), device)
 
     def observe(self, outcome: StepOutcome) -> None:

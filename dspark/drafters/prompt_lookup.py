@@ -5,17 +5,17 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dspark.checks import int_at_least
+from dspark.checks import deprecated_alias, int_at_least
 from dspark.types import Draft, DraftContext, StepOutcome
 
 __all__ = ["PromptLookupDrafter", "lookup_continuation"]
 
 
-def lookup_continuation(context: torch.Tensor, max_ngram: int, min_ngram: int, max_tokens: int) -> torch.Tensor:
+def lookup_continuation(context: torch.Tensor, max_ngram: int, min_ngram: int, max_draft_tokens: int) -> torch.Tensor:
     """Tokens that followed the most recent earlier match of the context's last n-gram.
 
     Tries n = max_ngram down to min_ngram and returns, for the first n with a match, up to
-    ``max_tokens`` tokens after the latest earlier occurrence (an empty tensor when none matches).
+    ``max_draft_tokens`` tokens after the latest earlier occurrence (an empty tensor when none matches).
     """
     length = context.shape[0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
@@ -23,7 +23,7 @@ def lookup_continuation(context: torch.Tensor, max_ngram: int, min_ngram: int, m
         matches = (windows == context[length - n :]).all(dim=1).nonzero().squeeze(1)
         if matches.numel() > 0:
             start = int(matches[-1]) + n
-            return context[start : start + max_tokens]
+            return context[start : start + max_draft_tokens]
     return context[:0]
 
 
@@ -31,7 +31,7 @@ def lookup_continuation(context: torch.Tensor, max_ngram: int, min_ngram: int, m
 class PromptLookupDrafter:
     """Training-free n-gram drafter (prompt lookup decoding) over each row's own context.
 
-    ``max_ngram`` / ``min_ngram`` bound the n-gram sizes tried (longest first); ``default_draft_tokens``
+    ``max_ngram`` / ``min_ngram`` bound the n-gram sizes tried (longest first); ``max_draft_tokens``
     is the block width γ used when the caller does not choose one. The defaults (min_ngram=2, γ=4)
     come from ``benchmarks/tune_prompt_lookup.py`` on training prompts: single-token matches are
     right too rarely to pay for a multi-token verify forward on a CPU.
@@ -39,22 +39,23 @@ class PromptLookupDrafter:
 
     max_ngram: int = attrs.field(default=3, validator=int_at_least(1))
     min_ngram: int = attrs.field(default=2, validator=int_at_least(1))
-    default_draft_tokens: int = attrs.field(default=4, validator=int_at_least(1))
+    max_draft_tokens: int = attrs.field(default=4, validator=int_at_least(1))
     vocab_size = None
+    default_draft_tokens = deprecated_alias("max_draft_tokens", "default_draft_tokens")
 
     def __attrs_post_init__(self):
         if self.min_ngram > self.max_ngram:
             raise ValueError(f"min_ngram must be <= max_ngram={self.max_ngram}, got {self.min_ngram!r}")
 
-    def propose(self, context: DraftContext, max_tokens: int) -> Draft:
+    def propose(self, context: DraftContext, max_draft_tokens: int) -> Draft:
         """Look up every row's continuation; rows without a match get an empty draft."""
         rows = context.tokens.shape[0]
-        tokens = torch.zeros((rows, max_tokens), dtype=torch.long, device=context.tokens.device)
+        tokens = torch.zeros((rows, max_draft_tokens), dtype=torch.long, device=context.tokens.device)
         lengths = torch.zeros(rows, dtype=torch.long, device=context.tokens.device)
         # One host copy of the contexts: the lookup is a handful of small tensor ops per row.
         host_tokens, begin, end = context.tokens.cpu(), context.begin.tolist(), context.end.tolist()
         for row in range(rows):
-            found = lookup_continuation(host_tokens[row, begin[row] : end[row]], self.max_ngram, self.min_ngram, max_tokens)
+            found = lookup_continuation(host_tokens[row, begin[row] : end[row]], self.max_ngram, self.min_ngram, max_draft_tokens)
             tokens[row, : found.numel()] = found.to(tokens.device)
             lengths[row] = found.numel()
         return Draft(tokens=tokens, lengths=lengths)

@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dspark.checks import int_at_least, unit_interval
+from dspark.checks import deprecated_alias, int_at_least, unit_interval
 from dspark.kv import RaggedCache, last_live_column
 from dspark.types import Draft, DraftContext, GenerationStart, StepOutcome
 from dspark.verify.confidence import DrafterConfidence
@@ -79,7 +79,7 @@ class SemiARConfig:
 
     target: TargetSignature
     target_layers: tuple[int, ...] = attrs.field(converter=tuple)
-    block_size: int = attrs.field(default=7, validator=int_at_least(1))
+    max_draft_tokens: int = attrs.field(default=7, validator=int_at_least(1))  # γ, the block width it is trained for
     num_layers: int = attrs.field(default=2, validator=int_at_least(1))
     num_heads: int = attrs.field(default=4, validator=int_at_least(1))
     intermediate_size: int = attrs.field(default=1024, validator=int_at_least(1))
@@ -131,9 +131,14 @@ class SemiARConfig:
     def to_json(self) -> str:
         return json.dumps(attrs.asdict(self), indent=2)
 
+    block_size = deprecated_alias("max_draft_tokens", "block_size")
+
     @classmethod
     def from_json(cls, text: str) -> "SemiARConfig":
+        """The config ``to_json`` wrote (older files that name γ ``block_size`` load too)."""
         values = json.loads(text)
+        if "block_size" in values:
+            values["max_draft_tokens"] = values.pop("block_size")
         return cls(target=TargetSignature(**values.pop("target")), **values)
 
 
@@ -232,6 +237,8 @@ class SemiARDrafter(nn.Module):
     """The DSpark drafter: a parallel backbone on target features plus a sequential head and a
     confidence head. Implements ``dspark.Drafter``; see the module docstring for the math."""
 
+    default_draft_tokens = deprecated_alias("max_draft_tokens", "default_draft_tokens")
+
     def __init__(self, config: SemiARConfig, target: nn.Module, draft_vocab: torch.Tensor | None = None):
         super().__init__()
         signature = TargetSignature.of(target)
@@ -243,7 +250,7 @@ class SemiARDrafter(nn.Module):
         self.config = config
         self.target_layers = config.target_layers
         self.vocab_size = config.target.vocab_size
-        self.default_draft_tokens = config.block_size
+        self.max_draft_tokens = config.max_draft_tokens
         size, rank = config.hidden_size, config.rank
         self.shared = _SharedTargetParts(embedding=target.get_input_embeddings(), head_weight=target.get_output_embeddings().weight)
         if draft_vocab is None:
@@ -376,7 +383,7 @@ class SemiARDrafter(nn.Module):
         c_k [B, K, γ].
         """
         batch, length = tokens.shape
-        anchors_per_row, width = anchors.shape[1], self.config.block_size
+        anchors_per_row, width = anchors.shape[1], self.config.max_draft_tokens
         offsets = torch.arange(width, device=tokens.device)
         context = self.project_context(features)
         context_positions = torch.arange(length, device=tokens.device).expand(batch, length)
@@ -418,7 +425,7 @@ class SemiARDrafter(nn.Module):
     def default_policy(self):
         """Threshold(verify_threshold) when the config names one, else FixedLength(γ)."""
         if self.config.verify_threshold is None:
-            return FixedLength(self.config.block_size)
+            return FixedLength(self.config.max_draft_tokens)
         return Threshold(self.config.verify_threshold)
 
     @property
@@ -430,11 +437,11 @@ class SemiARDrafter(nn.Module):
 
     def start(self, start: GenerationStart) -> None:
         """A new generation: an empty context cache for its rows."""
-        self._context = RaggedCache(start.rows, start.device, hole_budget=self.config.block_size + 1)
+        self._context = RaggedCache(start.rows, start.device, hole_budget=self.config.max_draft_tokens + 1)
 
     @torch.inference_mode()
-    def propose(self, context: DraftContext, max_tokens: int) -> Draft:
-        """Draft ``max_tokens`` tokens per row from the committed target features and the anchor.
+    def propose(self, context: DraftContext, max_draft_tokens: int) -> Draft:
+        """Draft ``max_draft_tokens`` tokens per row from the committed target features and the anchor.
 
         Only what depends on the previous draft token runs position by position (the sequential
         bias and the choice); the confidence head, the warping of greedy drafts and the scatter of
@@ -445,18 +452,18 @@ class SemiARDrafter(nn.Module):
         if context.features is not None and context.features.shape[1] > 0:
             self.extend_context(context.features, context.feature_mask)
         rows, device = context.rows.numel(), context.tokens.device
-        # The parallel backbone always sees the block width it was trained with; only the first max_tokens are drafted.
-        max_tokens = min(max_tokens, self.config.block_size)
+        # The parallel backbone always sees the block width it was trained with; only the first max_draft_tokens are drafted.
+        max_draft_tokens = min(max_draft_tokens, self.config.max_draft_tokens)
         parallel = self.config.backbone == "parallel"
         if parallel:
             anchor = self._embed(context.anchors[:, None])
-            hidden = self.backbone(torch.cat([anchor, self.mask_embedding.expand(rows, self.config.block_size - 1, -1)], dim=1), causal=False)
+            hidden = self.backbone(torch.cat([anchor, self.mask_embedding.expand(rows, self.config.max_draft_tokens - 1, -1)], dim=1), causal=False)
             base_logits = self._base_logits(hidden)
         features, vocab_features = self.previous_token_features(context.anchors), self.draft_vocab_features()
         state = self.mask_embedding.new_zeros((rows, self.config.rank)) if self.config.sequential == "rnn" else None
         sampling = context.sampling
         tokens, block_hidden, previous_features, logits, probs = [], [], [], [], []
-        for k in range(max_tokens):
+        for k in range(max_draft_tokens):
             if not parallel:  # the ablation re-runs its layers on [anchor, x_1..x_{k−1}] for every position
                 hidden = self.backbone(self._embed(torch.stack([context.anchors, *tokens], dim=1)), causal=True)[:, -1:]
                 base_logits = self._base_logits(hidden)

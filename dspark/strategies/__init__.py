@@ -16,9 +16,11 @@ def autoregressive(drafter: Drafter) -> Strategy:
     return Strategy(drafter=drafter, policy=FixedLength(0), max_draft_tokens=0)
 
 
-def fixed_length(drafter: Drafter, k: int, cost_model: CostModel | None = None) -> Strategy:
-    """Classic speculative decoding (MTP-k style): draft k tokens, verify all of them."""
-    return Strategy(drafter=drafter, policy=FixedLength(k), max_draft_tokens=k, cost_model=cost_model or ConstantCostModel())
+def fixed_length(drafter: Drafter, max_draft_tokens: int, cost_model: CostModel | None = None) -> Strategy:
+    """Classic speculative decoding (MTP-γ style): draft γ = ``max_draft_tokens`` tokens, verify all of them."""
+    return Strategy(
+        drafter=drafter, policy=FixedLength(max_draft_tokens), max_draft_tokens=max_draft_tokens, cost_model=cost_model or ConstantCostModel()
+    )
 
 
 def threshold(

@@ -11,9 +11,9 @@ import torch
 __all__ = ["distillation_loss", "position_weights"]
 
 
-def position_weights(block_size: int) -> torch.Tensor:
+def position_weights(max_draft_tokens: int) -> torch.Tensor:
     """w_k = exp(−(k−1)/γ) for k = 1..γ."""
-    return torch.exp(-torch.arange(block_size, dtype=torch.float32) / block_size)
+    return torch.exp(-torch.arange(max_draft_tokens, dtype=torch.float32) / max_draft_tokens)
 
 
 def distillation_loss(
@@ -35,8 +35,7 @@ def distillation_loss(
     ``|p_d(rest) − p_t(rest)|``, its lower bound, which is exact when K covers the vocabulary. Tokens
     outside the draft vocabulary have p_d = 0: they count fully and are skipped by the cross-entropy.
     """
-    block_size = draft_logits.shape[-2]
-    w = position_weights(block_size).to(draft_logits.device)
+    w = position_weights(draft_logits.shape[-2]).to(draft_logits.device)
     draft_log_probs = draft_logits.float().log_softmax(dim=-1)
     draft_probs = draft_log_probs.exp()
     vocab_size = int(max(target_ids.max(), target_tokens.max(), draft_vocab.max())) + 1

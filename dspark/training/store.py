@@ -43,8 +43,8 @@ class TargetSequence:
     top_probs: torch.Tensor
 
 
-def _target_sequence(target, record: dict, layers: tuple[int, ...], top_k: int, max_tokens: int) -> TargetSequence:
-    tokens = torch.tensor(record["prompt_ids"] + record["response_ids"])[:max_tokens]
+def _target_sequence(target, record: dict, layers: tuple[int, ...], top_k: int, max_sequence_tokens: int) -> TargetSequence:
+    tokens = torch.tensor(record["prompt_ids"] + record["response_ids"])[:max_sequence_tokens]
     prompt_length = min(len(record["prompt_ids"]), tokens.numel())
     device = target.get_input_embeddings().weight.device
     positions = torch.arange(prompt_length - 1, tokens.numel(), device=device)

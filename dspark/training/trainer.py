@@ -27,9 +27,9 @@ from dspark.training.store import TargetSequence
 __all__ = ["TrainConfig", "sample_anchors", "train", "validate"]
 
 
-def sample_anchors(prompt_length: int, length: int, block_size: int, count: int, generator: torch.Generator) -> torch.Tensor | None:
+def sample_anchors(prompt_length: int, length: int, max_draft_tokens: int, count: int, generator: torch.Generator) -> torch.Tensor | None:
     """Up to ``count`` distinct anchor positions a ∈ [prompt_length − 1, length − 1 − γ] (None if none fit)."""
-    low, high = prompt_length - 1, length - 1 - block_size
+    low, high = prompt_length - 1, length - 1 - max_draft_tokens
     if high < low:
         return None
     candidates = torch.arange(low, high + 1)
@@ -111,7 +111,7 @@ def _load_checkpoint(drafter: SemiARDrafter, optimizer: torch.optim.Optimizer, d
 
 def _sequence_loss(drafter: SemiARDrafter, sequence: TargetSequence, anchors: torch.Tensor, weights) -> tuple[torch.Tensor, dict]:
     """The distillation loss of the anchor blocks ``anchors`` of one stored sequence, and its terms."""
-    device, dtype, width = drafter.draft_vocab.device, drafter.mask_embedding.dtype, drafter.config.block_size
+    device, dtype, width = drafter.draft_vocab.device, drafter.mask_embedding.dtype, drafter.config.max_draft_tokens
     # Block position k of anchor a predicts the token after a + k: label row a + k − (P − 1).
     block = anchors[:, None] + torch.arange(width)
     rows = block - (sequence.prompt_length - 1)
@@ -132,7 +132,7 @@ def validate(drafter: SemiARDrafter, sequences: list[TargetSequence], config: Tr
     drafter.eval()
     totals, count = collections.Counter(), 0
     for sequence in sequences:
-        anchors = sample_anchors(sequence.prompt_length, sequence.tokens.numel(), drafter.config.block_size, config.anchors_per_sequence, generator)
+        anchors = sample_anchors(sequence.prompt_length, sequence.tokens.numel(), drafter.config.max_draft_tokens, config.anchors_per_sequence, generator)
         if anchors is None:
             continue
         loss, terms = _sequence_loss(drafter, sequence, anchors, config.loss_weights)
@@ -175,7 +175,7 @@ def train(
         if progress is not None:
             progress.update(start)
     sequences = _sequences_forever(store, config.seed + start)
-    width = drafter.config.block_size
+    width = drafter.config.max_draft_tokens
     history, last_log = [], time.monotonic()
     drafter.train()
     for step in range(start, config.steps):

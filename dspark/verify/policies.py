@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dspark.checks import int_at_least, unit_interval
+from dspark.checks import deprecated_alias, int_at_least, unit_interval
 from dspark.protocols import CostModel
 from dspark.verify.acceptance import leading_true
 
@@ -14,19 +14,17 @@ __all__ = ["FixedLength", "Threshold"]
 
 @attrs.frozen
 class FixedLength:
-    """Verify the first k draft tokens of every row (k = 0 is plain autoregressive decoding)."""
+    """Draft and verify γ = ``max_draft_tokens`` tokens of every row (0 is plain autoregressive decoding);
+    the MTP-γ baseline. ``wrap`` reads ``max_draft_tokens`` as γ (``POLICY_HOOKS``)."""
 
-    k: int = attrs.field(validator=int_at_least(0))
+    max_draft_tokens: int = attrs.field(validator=int_at_least(0))
     needs_survival = False
-
-    @property
-    def max_length(self) -> int:
-        """The longest verify length this policy ever picks."""
-        return self.k
+    k = deprecated_alias("max_draft_tokens", "k")
+    max_length = deprecated_alias("max_draft_tokens", "max_length")
 
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
-        """min(k, limits[r]) for every row."""
-        return limits.clamp_max(self.k)
+        """min(γ, limits[r]) for every row."""
+        return limits.clamp_max(self.max_draft_tokens)
 
 
 @attrs.frozen
