@@ -1,10 +1,11 @@
 """The speculative generate loop: one target forward per step over a ragged batch.
 
-Before the first step the drafter's optional ``start`` hook learns the batch (``GenerationStart``).
-Each step: (1) the drafter proposes, (2) the estimator scores survival, (3) the policy picks ℓ_r,
-(4) the target runs once on [anchor, x_1..x_ℓ] for every row, (5) the acceptance rule keeps a
-prefix and adds one token, (6) the cache keeps accepted slots and the tokens are written out,
-(7) the drafter observes the outcome, (8) finished rows leave the batch.
+Before the first step the drafter's and the estimator's optional ``start`` hooks learn the batch
+(``GenerationStart``). Each step: (1) the drafter proposes, (2) the estimator scores survival,
+(3) the policy picks ℓ_r, (4) the target runs once on [anchor, x_1..x_ℓ] for every row, (5) the
+acceptance rule keeps a prefix and adds one token, (6) the cache keeps accepted slots and the tokens
+are written out, (7) the drafter (and an estimator that scored this step) observe the outcome,
+(8) finished rows leave the batch.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from dspark.fast_path import FastPath
 from dspark.kv import RaggedCache
-from dspark.protocols import DRAFTER_HOOKS, hook
+from dspark.protocols import DRAFTER_HOOKS, ESTIMATOR_HOOKS, hook
 from dspark.stats import GenerationResult, GenerationStats, StepRecord
 from dspark.strategy import Strategy
 from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome
@@ -121,10 +122,12 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     eos = torch.tensor(spec.eos_token_ids, dtype=torch.long, device=device)
     cache = RaggedCache(batch, device, hole_budget=strategy.max_draft_tokens + 1)
     records = []
-    start = hook(strategy.drafter, "start", DRAFTER_HOOKS)
-    if start is not None:
-        start(GenerationStart(rows=batch, device=device, max_draft_tokens=strategy.max_draft_tokens,
-                              max_length=prompt_length + spec.max_new_tokens, sampling=spec.sampling))
+    generation = GenerationStart(rows=batch, device=device, max_draft_tokens=strategy.max_draft_tokens,
+                                 max_length=prompt_length + spec.max_new_tokens, sampling=spec.sampling)
+    estimator = strategy.confidence
+    for start in (hook(strategy.drafter, "start", DRAFTER_HOOKS), estimator and hook(estimator, "start", ESTIMATOR_HOOKS)):
+        if start is not None:
+            start(generation)
     if spec.streamer is not None:
         spec.streamer.put(input_ids.cpu())
 
@@ -175,17 +178,21 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         if spec.streamer is not None:
             spec.streamer.put(block[0, : int(count[0])].cpu())
 
-        # 7. Observe.
-        strategy.drafter.observe(
-            StepOutcome(rows=rows, verify_lengths=verify_lengths, accepted=accepted, next_tokens=next_tokens, finished=finished)
-        )
+        # 7. Observe: the estimator learns only from steps it scored, after their survival was used.
+        outcome = StepOutcome(rows=rows, verify_lengths=verify_lengths, accepted=accepted, next_tokens=next_tokens, finished=finished)
+        strategy.drafter.observe(outcome)
+        estimator_observe = hook(estimator, "observe", ESTIMATOR_HOOKS) if survival is not None else None
+        if estimator_observe is not None:
+            estimator_observe(outcome)
+        report = hook(estimator, "report", ESTIMATOR_HOOKS) if estimator is not None else None
         # One device-to-host copy for the step's counts (each .cpu() is a sync on an accelerator).
-        step_rows, step_lengths, step_accepted, step_emitted = torch.stack([rows, verify_lengths, accepted.long(), count.long()]).cpu()
+        counts = torch.stack([rows, verify_lengths, accepted.long(), count.long(), draft.lengths.clamp(0, draft.num_tokens)]).cpu()
         records.append(
             StepRecord(
-                rows=step_rows, verify_lengths=step_lengths, accepted=step_accepted, emitted=step_emitted,
+                rows=counts[0], verify_lengths=counts[1], accepted=counts[2], emitted=counts[3], drafted=counts[4],
                 survival=None if survival is None else survival.float().cpu(),
                 draft_seconds=drafted - started, verify_seconds=verified - drafted, cache_slots=cache.slots,
+                estimator=None if report is None else report(),
             )
         )
         # 8. Finished rows stop costing compute.

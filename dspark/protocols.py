@@ -17,6 +17,7 @@ __all__ = [
     "CostModel",
     "DRAFTER_HOOKS",
     "Drafter",
+    "ESTIMATOR_HOOKS",
     "Hook",
     "POLICY_HOOKS",
     "VerifyPolicy",
@@ -52,7 +53,13 @@ class Drafter(Protocol):
 
 @runtime_checkable
 class ConfidenceEstimator(Protocol):
-    """Estimates survival c_k = P(x_k accepted | x_1..x_{k-1} accepted) for every draft position."""
+    """Estimates survival c_k = P(x_k accepted | x_1..x_{k-1} accepted) for every draft position.
+
+    Estimators that adapt (to the sampling band, or online to what the target accepted) declare the
+    optional hooks in ``ESTIMATOR_HOOKS``: ``start`` before a generation, ``observe`` with each step's
+    outcome after its survival was used (so what they learn reaches only later steps), ``report``
+    for what to record in the step's ``StepRecord.estimator``.
+    """
 
     def survival(self, draft: Draft) -> torch.Tensor:
         """FloatTensor[R, γ] of c_k in (0, 1); c_k may use only what was known before x_k was drawn."""
@@ -120,6 +127,14 @@ POLICY_HOOKS: dict[str, Hook] = {
         None, lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an int >= 0",
         "the longest verify length it picks; wrap uses it as γ", deprecated_names=("max_length",),
     ),
+}
+
+
+#: Optional confidence-estimator members. Absent ones take their default.
+ESTIMATOR_HOOKS: dict[str, Hook] = {
+    "start": Hook(None, callable, "a method start(GenerationStart)", "called once per generation before the first survival"),
+    "observe": Hook(None, callable, "a method observe(StepOutcome)", "the outcome of every step whose survival it gave, for online estimators"),
+    "report": Hook(None, callable, "a method report() -> dict or None", "what to record in this step's StepRecord.estimator"),
 }
 
 

@@ -16,21 +16,25 @@ class StepRecord:
 
     ``rows``: the active rows' indices in the batch; ``verify_lengths``: ℓ_r; ``accepted``: n_r;
     ``emitted``: tokens appended to each row (n_r + 1, fewer when EOS or max_new_tokens cut the step);
+    ``drafted``: how many leading draft positions of each row hold a real proposal;
     ``survival``: c_k for every drafted position (FloatTensor[R, γ]) or None without an estimator;
     ``draft_seconds`` / ``verify_seconds``: host wall-clock time of proposing (with estimating and scheduling)
     and of the target forward with the acceptance rule (on an accelerator, asynchronous work may be
     counted in the later of the two); ``cache_slots``: the target cache's length after this step's
-    tokens were committed, before finished rows leave the batch.
+    tokens were committed, before finished rows leave the batch; ``estimator``: what the confidence
+    estimator reported for this step (its optional ``report`` hook, e.g. recalibrated temperatures).
     """
 
     rows: torch.Tensor
     verify_lengths: torch.Tensor
     accepted: torch.Tensor
     emitted: torch.Tensor
+    drafted: torch.Tensor
     survival: torch.Tensor | None
     draft_seconds: float
     verify_seconds: float
     cache_slots: int
+    estimator: dict | None = None
 
 
 @attrs.frozen

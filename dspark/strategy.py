@@ -6,7 +6,7 @@ import attrs
 
 from dspark.checks import check_int, int_at_least
 from dspark.cost_models.constant import ConstantCostModel
-from dspark.protocols import DRAFTER_HOOKS, POLICY_HOOKS, ConfidenceEstimator, CostModel, Drafter, VerifyPolicy, check_hooks, hook
+from dspark.protocols import DRAFTER_HOOKS, ESTIMATOR_HOOKS, POLICY_HOOKS, ConfidenceEstimator, CostModel, Drafter, VerifyPolicy, check_hooks, hook
 
 __all__ = ["Strategy", "check_max_draft_tokens"]
 
@@ -44,5 +44,7 @@ class Strategy:
     def __attrs_post_init__(self):
         check_hooks(self.drafter, DRAFTER_HOOKS, "drafter")
         check_hooks(self.policy, POLICY_HOOKS, "policy")
+        if self.confidence is not None:
+            check_hooks(self.confidence, ESTIMATOR_HOOKS, "confidence")
         if hook(self.policy, "needs_survival", POLICY_HOOKS) and self.confidence is None:
             raise ValueError(f"policy {self.policy!r} needs survival estimates: pass confidence=... (e.g. DraftProbability())")

@@ -84,12 +84,16 @@ class Draft:
     real proposals (the rest is padding). ``probs``: FloatTensor[R, γ, V], the draft distribution q_k
     each token was drawn from, warped exactly as the target's p will be (None for point-mass drafts
     such as n-gram lookup). ``confidence``: the drafter's own per-position confidence, if it has one.
+    ``signals``: FloatTensor[R, γ, F] of features of each position known before its token was drawn
+    (for n-gram lookup: the matched n, the match's age, how often it recurs), which estimators of
+    drafters without a distribution or head read (``dspark.verify.draft_signals``).
     """
 
     tokens: torch.Tensor
     lengths: torch.Tensor
     probs: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
+    signals: torch.Tensor | None = None
 
     def __attrs_post_init__(self):
         if self.tokens.dim() != 2 or self.tokens.dtype != torch.long:
@@ -101,6 +105,8 @@ class Draft:
             raise ValueError(f"Draft.probs must have shape ({rows}, {gamma}, V), got {tuple(self.probs.shape)}")
         if self.confidence is not None and tuple(self.confidence.shape) != (rows, gamma):
             raise ValueError(f"Draft.confidence must have shape ({rows}, {gamma}), got {tuple(self.confidence.shape)}")
+        if self.signals is not None and (self.signals.dim() != 3 or tuple(self.signals.shape[:2]) != (rows, gamma)):
+            raise ValueError(f"Draft.signals must have shape ({rows}, {gamma}, F), got {tuple(self.signals.shape)}")
 
     @classmethod
     def empty(cls, rows: int, device: torch.device) -> "Draft":

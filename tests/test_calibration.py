@@ -13,9 +13,11 @@ from dspark.stats import GenerationStats, StepRecord
 from dspark.verify import calibration
 from dspark.verify.calibration import (
     Calibration,
+    CalibrationSet,
     CalibrationLog,
     IsotonicMap,
     apply_temperatures,
+    band_of,
     brier_score,
     conditional_outcomes,
     expected_calibration_error,
@@ -89,7 +91,7 @@ def test_conditional_outcomes_by_hand():
 def test_conditional_outcomes_agree_with_generation_stats(log):
     """Conditional known/outcome match GenerationStats' reached/accepted verified tokens and position counts."""
     record = StepRecord(rows=torch.arange(log.blocks), verify_lengths=log.verified, accepted=log.accepted,
-                        emitted=log.accepted + 1, survival=log.survival, draft_seconds=0.0, verify_seconds=0.0, cache_slots=0)
+                        emitted=log.accepted + 1, drafted=log.drafted, survival=log.survival, draft_seconds=0.0, verify_seconds=0.0, cache_slots=0)
     stats = GenerationStats(records=(record,), max_draft_tokens=log.width)
     known, outcome = conditional_outcomes(log)
     reached, accepted = stats.position_counts()
@@ -114,20 +116,21 @@ def test_prefix_outcomes_are_the_chain_of_conditionals(log):
 
 
 def test_from_records_skips_missing_survival_and_pads_narrower_records():
-    """Blocks are (record, row) in order; a record without survival is skipped; a narrower record's γ becomes ``drafted``."""
+    """Blocks are (record, row) in order; a record without survival is skipped; each row's draft length becomes ``drafted``."""
     common = dict(emitted=torch.tensor([1, 1]), draft_seconds=0.0, verify_seconds=0.0, cache_slots=0)
     records = [
-        StepRecord(rows=torch.tensor([0, 1]), verify_lengths=torch.tensor([3, 1]), accepted=torch.tensor([2, 1]),
+        StepRecord(rows=torch.tensor([0, 1]), verify_lengths=torch.tensor([3, 1]), accepted=torch.tensor([2, 1]), drafted=torch.tensor([3, 2]),
                    survival=torch.tensor([[0.9, 0.8, 0.7], [0.6, 0.5, 0.4]]), **common),
-        StepRecord(rows=torch.tensor([0, 1]), verify_lengths=torch.tensor([0, 0]), accepted=torch.tensor([0, 0]), survival=None, **common),
-        StepRecord(rows=torch.tensor([0, 1]), verify_lengths=torch.tensor([2, 1]), accepted=torch.tensor([0, 1]),
+        StepRecord(rows=torch.tensor([0, 1]), verify_lengths=torch.tensor([0, 0]), accepted=torch.tensor([0, 0]), drafted=torch.tensor([0, 0]),
+                   survival=None, **common),
+        StepRecord(rows=torch.tensor([0, 1]), verify_lengths=torch.tensor([2, 1]), accepted=torch.tensor([0, 1]), drafted=torch.tensor([2, 2]),
                    survival=torch.tensor([[0.3, 0.2], [0.1, 0.05]]), **common),
     ]
     log = CalibrationLog.from_records(records)
     assert (log.blocks, log.width) == (4, 3)
     assert torch.equal(log.verified, torch.tensor([3, 1, 2, 1]))
     assert torch.equal(log.accepted, torch.tensor([2, 1, 0, 1]))
-    assert torch.equal(log.drafted, torch.tensor([3, 3, 2, 2]))
+    assert torch.equal(log.drafted, torch.tensor([3, 2, 2, 2]))
     assert torch.equal(log.survival[2:, :2], torch.tensor([[0.3, 0.2], [0.1, 0.05]]))
     known, _ = prefix_outcomes(log)
     assert torch.equal(known[2], torch.tensor([True, True, False]))  # rejected, but position 3 was never drafted
@@ -406,3 +409,25 @@ def test_calibration_inputs_are_checked(call, error, name):
     """Unknown methods and format versions, bad parameters and non-mappings are refused by name."""
     with pytest.raises(error, match=name):
         call()
+
+
+def test_bands_follow_the_sampling_temperature():
+    """Greedy decoding is 'greedy'; sampling at T ≤ 0.7 is 'low', above it 'high'."""
+    from dspark.types import SamplingConfig
+
+    assert [band_of(SamplingConfig(do_sample=d, temperature=t)) for d, t in [(False, 1.0), (True, 0.3), (True, 0.7), (True, 0.71), (True, 1.5)]] == [
+        "greedy", "low", "low", "high", "high"
+    ]
+
+
+def test_calibration_set_round_trips_and_borrows_the_nearest_band():
+    """A CalibrationSet survives JSON; a band it lacks uses the nearest fitted one; unknown bands are refused."""
+    greedy, high = Calibration("temperature", (1.5, 2.0)), Calibration("temperature", (0.5,))
+    calibrations = CalibrationSet("DrafterConfidence", {"greedy": greedy, "high": high}, fingerprint="abc")
+    assert CalibrationSet.from_dict(json.loads(json.dumps(calibrations.to_dict()))) == calibrations
+    assert calibrations.for_band("greedy") is greedy and calibrations.for_band("low") is high
+    assert CalibrationSet("DraftProbability", {"greedy": greedy}).for_band("high") is greedy
+    with pytest.raises(ValueError, match="band must be one of"):
+        calibrations.for_band("warm")
+    with pytest.raises(ValueError, match="CalibrationSet.bands"):
+        CalibrationSet("DrafterConfidence", {"tepid": greedy})

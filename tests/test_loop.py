@@ -209,3 +209,47 @@ def test_drafter_lifecycle(llama):
             else:
                 running = [row for row in running if row not in value]
         assert running == [] and sizes[0] == 3 and min(sizes) < 3  # rows left one by one
+
+
+class RecordingEstimator:
+    """Draft probability that records the estimator hooks the loop calls, in order."""
+
+    def start(self, start):
+        self.events = [("start", start.rows)]
+
+    def survival(self, draft):
+        self.events.append(("survival", draft.tokens.shape[0]))
+        return DraftProbability().survival(draft)
+
+    def observe(self, outcome):
+        self.events.append(("observe", outcome.rows.numel()))
+
+    def report(self):
+        return {"events": len(self.events)}
+
+
+def test_estimator_hooks_follow_the_steps_they_scored(llama):
+    """An estimator's start comes first; each observe follows the survival of the same step with the same rows;
+    report lands in that step's StepRecord.estimator, and StepRecord.drafted holds each row's draft length."""
+    input_ids, attention_mask = left_padded_batch([5, 9], seed=4)
+    estimator = RecordingEstimator()
+    result = dspark.wrap(llama, DraftModelDrafter(build_model("llama", seed=2)), policy=Threshold(0.05), confidence=estimator, max_draft_tokens=3).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=9, eos_token_id=[]
+    )
+    kinds = [kind for kind, _ in estimator.events]
+    assert estimator.events[0] == ("start", 2) and kinds.count("start") == 1
+    assert kinds[1:] == ["survival", "observe"] * (len(kinds[1:]) // 2)
+    assert all(a[1] == b[1] for a, b in zip(estimator.events[1::2], estimator.events[2::2]))
+    scored = [record for record in result.stats.records if record.survival is not None]
+    assert [record.estimator["events"] for record in scored] == list(range(3, 2 * len(scored) + 2, 2))
+    assert all(torch.equal(record.drafted, torch.full_like(record.rows, record.survival.shape[1])) for record in scored)
+
+
+def test_a_bad_estimator_hook_is_refused_at_wrap(llama):
+    """A present estimator hook of the wrong kind is a TypeError naming it."""
+
+    class Broken(DraftProbability):
+        observe = "later"
+
+    with pytest.raises(TypeError, match="confidence.observe of Broken must be a method observe"):
+        dspark.wrap(llama, PromptLookupDrafter(), policy=Threshold(0.5), confidence=Broken())

@@ -1,5 +1,7 @@
 """The n-gram drafter in dspark/drafters/prompt_lookup.py."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -37,6 +39,17 @@ def test_propose_handles_ragged_rows():
     assert draft.lengths.tolist() == [3, 0]
     assert draft.tokens[0].tolist() == [6, 4, 5]
     assert draft.probs is None
+
+
+def test_signals_describe_the_match():
+    """Draft.signals holds the matched n, log of the match's age and log of its occurrences for every position; zeros without a match."""
+    tokens = torch.tensor([[4, 5, 6, 9, 4, 5, 6, 4, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9]])
+    context = DraftContext(tokens=tokens, begin=torch.tensor([0, 0]), end=torch.tensor([9, 9]), rows=torch.tensor([0, 1]), step=0, sampling=SamplingConfig())
+    draft = PromptLookupDrafter(max_ngram=2).propose(context, 3)
+    # "4 5" occurred at 0 and 4; the latest continuation starts at index 6, three tokens before the end.
+    assert draft.tokens[0].tolist() == [6, 4, 5] and draft.signals.shape == (2, 3, 3)
+    assert torch.allclose(draft.signals[0], torch.tensor([2.0, math.log(3), math.log(2)]).expand(3, 3))
+    assert not draft.signals[1].any()
 
 
 @pytest.mark.parametrize("kwargs", [{"max_ngram": 0}, {"min_ngram": 4, "max_ngram": 2}, {"max_draft_tokens": 0}])

@@ -1,15 +1,21 @@
-"""Acceptance rules, warping, confidence estimators and verify policies."""
+"""Acceptance rules, warping, confidence estimators, their calibration and verify policies."""
 
 from dspark.verify.acceptance import greedy_accept, leading_true, rejection_sample, residual_distribution
+from dspark.verify.calibration import BANDS, Calibration, CalibrationLog, CalibrationSet, band_of
 from dspark.verify.confidence import DraftProbability, DrafterConfidence, survival_products
 from dspark.verify.policies import FixedLength, Threshold
 from dspark.verify.warping import warp_logits, warped_probs
 
 __all__ = [
+    "BANDS",
+    "Calibration",
+    "CalibrationLog",
+    "CalibrationSet",
     "DraftProbability",
     "DrafterConfidence",
     "FixedLength",
     "Threshold",
+    "band_of",
     "greedy_accept",
     "leading_true",
     "rejection_sample",

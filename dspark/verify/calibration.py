@@ -27,11 +27,14 @@ if TYPE_CHECKING:
     from dspark.stats import StepRecord
 
 __all__ = [
+    "BANDS",
     "Calibration",
+    "CalibrationSet",
     "CalibrationLog",
     "IsotonicMap",
     "ReliabilityBins",
     "apply_temperatures",
+    "band_of",
     "brier_score",
     "conditional_outcomes",
     "expected_calibration_error",
@@ -146,10 +149,10 @@ class CalibrationLog:
 
     @classmethod
     def from_records(cls, records: Iterable[StepRecord]) -> CalibrationLog:
-        """One block per (record, row) of ``dspark.stats.StepRecord`` values; records without survival are skipped.
-        ``drafted`` is the record's γ: a record does not say where a shorter row's draft ends."""
+        """One block per (record, row) of ``dspark.stats.StepRecord`` values, with each row's real draft
+        length (``StepRecord.drafted``); records without survival are skipped."""
         logs = [
-            cls(survival=record.survival, verified=record.verify_lengths, accepted=record.accepted)
+            cls(survival=record.survival, verified=record.verify_lengths, accepted=record.accepted, drafted=record.drafted)
             for record in records
             if record.survival is not None
         ]
@@ -509,3 +512,56 @@ class Calibration:
                 raise ValueError(f"data['parameters'] must be a list of {{'knots': [...], 'values': [...]}} for 'isotonic', got {parameters!r}")
             parameters = [IsotonicMap(p["knots"], p["values"]) for p in parameters]
         return cls(method, tuple(parameters))
+
+
+# ----------------------------------------------------------------------------- bands and files
+
+#: Sampling bands with their own calibration: acceptance under greedy decoding, mild and full
+#: temperature differ, so one fit cannot serve all three.
+BANDS = ("greedy", "low", "high")
+LOW_BAND_MAX_TEMPERATURE = 0.7
+
+
+def band_of(sampling) -> str:
+    """The band of a ``SamplingConfig``: 'greedy', 'low' (temperature ≤ 0.7) or 'high'."""
+    if not sampling.do_sample:
+        return "greedy"
+    return "low" if sampling.temperature <= LOW_BAND_MAX_TEMPERATURE else "high"
+
+
+def _bands_mapping(instance, attribute, value) -> None:
+    if not value or any(band not in BANDS or not isinstance(fit, Calibration) for band, fit in value.items()):
+        raise ValueError(f"CalibrationSet.bands must map some of {BANDS} to a Calibration, got {value!r}")
+
+
+@attrs.frozen
+class CalibrationSet:
+    """The calibrations of one raw estimator (``estimator``, its class name), one per sampling band,
+    fitted for the drafter whose weights file hashes to ``fingerprint`` (None: any drafter)."""
+
+    estimator: str
+    bands: Mapping[str, Calibration] = attrs.field(validator=_bands_mapping)
+    fingerprint: str | None = None
+
+    def for_band(self, band: str) -> Calibration | None:
+        """The band's calibration; a missing band borrows the nearest fitted one (greedy ↔ low ↔ high)."""
+        if band not in BANDS:
+            raise ValueError(f"band must be one of {BANDS}, got {band!r}")
+        index = BANDS.index(band)
+        for candidate in sorted(BANDS, key=lambda other: (abs(BANDS.index(other) - index), -BANDS.index(other))):
+            if candidate in self.bands:
+                return self.bands[candidate]
+        return None
+
+    def to_dict(self) -> dict:
+        """JSON-safe data; ``from_dict`` reads it back."""
+        bands = {band: fit.to_dict() for band, fit in self.bands.items()}
+        return {"format_version": FORMAT_VERSION, "estimator": self.estimator, "fingerprint": self.fingerprint, "bands": bands}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> CalibrationSet:
+        """The inverse of ``to_dict``; ValueError on an unknown format version."""
+        if not isinstance(data, Mapping) or data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"data must be CalibrationSet.to_dict output with format_version {FORMAT_VERSION}, got {data!r:.200}")
+        bands = {band: Calibration.from_dict(fit) for band, fit in data["bands"].items()}
+        return cls(data["estimator"], bands, data.get("fingerprint"))
