@@ -124,3 +124,54 @@ def survival_and_temperatures(draw, max_rows: int = 20, max_width: int = 5):
         survival = (survival * 5).round() / 5
     temperatures = draw(st.lists(st.floats(0.05, 20.0), min_size=1, max_size=width + 1))
     return survival, tuple(temperatures)
+
+
+@st.composite
+def logistic_problems(draw, max_size: int = 60, max_features: int = 3):
+    """(features FloatTensor[M, F], outcome BoolTensor[M] holding both classes, weights FloatTensor[M] or None,
+    l2 > 0): scaled, sometimes a constant column, sometimes perfectly separable (the penalty keeps the fit finite)."""
+    size = draw(st.integers(2, max_size))
+    width = draw(st.integers(1, max_features))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    features = torch.randn((size, width), generator=generator, dtype=torch.float64) * draw(st.sampled_from([0.1, 1.0, 5.0]))
+    if width > 1 and draw(st.booleans()):
+        features[:, -1] = 1.0
+    if draw(st.booleans()):
+        outcome = features[:, 0] > features[:, 0].median()
+    else:
+        outcome = torch.rand(size, generator=generator, dtype=torch.float64) < torch.sigmoid(features[:, 0])
+    outcome[0], outcome[1] = True, False
+    weights = torch.rand(size, generator=generator, dtype=torch.float64) * 2 if draw(st.booleans()) else None
+    if weights is not None:
+        weights[:2] = 1.0  # both classes keep some weight
+    return features, outcome, weights, draw(st.sampled_from([0.1, 1.0]))
+
+
+@st.composite
+def estimator_streams(draw, max_steps: int = 6, max_rows: int = 3, max_width: int = 4, features: int = 2):
+    """(drafts, outcomes, other_outcomes, split): a stream of scored steps for an online estimator, as
+    lists of ``Draft`` (signals [R, γ, F] and confidence [R, γ]) and ``StepOutcome`` with ℓ ≤ γ, n ≤ ℓ;
+    ``other_outcomes`` equals ``outcomes`` before step ``split`` and is redrawn from it on."""
+    from dspark.types import Draft, StepOutcome
+
+    steps = draw(st.integers(2, max_steps))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+
+    def outcome_for(rows: int, width: int) -> StepOutcome:
+        verified = torch.randint(0, width + 1, (rows,), generator=generator)
+        accepted = (torch.rand(rows, generator=generator) * (verified + 1)).long().clamp_max(verified)
+        return StepOutcome(rows=torch.arange(rows), verify_lengths=verified, accepted=accepted,
+                           next_tokens=torch.zeros(rows, dtype=torch.long), finished=torch.zeros(rows, dtype=torch.bool))
+
+    drafts, outcomes, other = [], [], []
+    for _ in range(steps):
+        rows, width = draw(st.integers(1, max_rows)), draw(st.integers(1, max_width))
+        drafts.append(Draft(
+            tokens=torch.zeros((rows, width), dtype=torch.long), lengths=torch.full((rows,), width),
+            signals=torch.randn((rows, width, features), generator=generator),
+            confidence=torch.rand((rows, width), generator=generator) * 0.98 + 0.01,
+        ))
+        outcomes.append(outcome_for(rows, width))
+        other.append(outcome_for(rows, width))
+    split = draw(st.integers(0, steps - 1))
+    return drafts, outcomes, outcomes[:split] + other[split:], split

@@ -10,7 +10,9 @@ from scipy.stats import chi2
 import dspark
 from dspark.drafters import DraftModelDrafter, PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature
 from dspark.types import Draft, SamplingConfig
-from dspark.verify import DrafterConfidence, FixedLength, Threshold
+from dspark.verify import DrafterConfidence, DraftProbability, FixedLength, Threshold
+from dspark.verify.calibration import Calibration, CalibrationSet
+from dspark.verify.estimators import CalibratedConfidence, DriftCorrectedConfidence, LogisticConfidence, OnlineLogisticConfidence
 from dspark.verify.warping import warped_probs
 from tests.conftest import build_model
 
@@ -139,3 +141,51 @@ def test_threshold_on_the_confidence_head_is_lossless(models):
     lengths = torch.cat(result.stats.verify_lengths)
     assert bool((lengths == 0).any()) and bool((lengths > 0).any()), "the threshold must both cut and admit drafts"
     assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE
+
+
+
+# c = σ(8·max q − 4): a threshold of 0.5 verifies x_k exactly when max_v q_k(v) ≥ 0.5, known before x_k is drawn.
+MAX_Q_MODEL = LogisticConfidence([[-4.0, 8.0, 0.0]])
+# name -> (estimator factory, threshold): each threshold both cuts and admits drafts at this seed. The online
+# estimators refit after the first step (outcomes of all 4000 rows) and so change the second step's decisions.
+LEARNING_ESTIMATORS = {
+    "logistic": (lambda: MAX_Q_MODEL, 0.5),
+    "online-logistic": (lambda: OnlineLogisticConfidence(MAX_Q_MODEL, refit_every=1, min_samples=10), 0.25),
+    "calibrated": (
+        lambda: CalibratedConfidence(
+            DraftProbability(), CalibrationSet("DraftProbability", {"greedy": Calibration("temperature", (1.0,)), "high": Calibration("temperature", (0.5, 2.0))})
+        ),
+        0.5,
+    ),
+    "drift-corrected": (lambda: DriftCorrectedConfidence(DraftProbability(), refit_every=1, min_samples=10, tolerance=0.0), 0.5),
+}
+
+
+@pytest.mark.parametrize("estimator_kind", sorted(LEARNING_ESTIMATORS))
+def test_threshold_on_a_learning_estimator_is_lossless(models, estimator_kind):
+    """Thresholds on the logistic, online, band-calibrated and drift-corrected estimators keep the target law;
+    the online ones refit between the steps of this very generation."""
+    target, draft_model = models
+    make, threshold = LEARNING_ESTIMATORS[estimator_kind]
+    result = _sample(target, DraftModelDrafter(draft_model), WARPINGS[0], seed=7, max_draft_tokens=2, policy=Threshold(threshold), confidence=make())
+    lengths = torch.cat(result.stats.verify_lengths)
+    assert bool((lengths == 0).any()) and bool((lengths > 0).any()), "the threshold must both cut and admit drafts"
+    if estimator_kind in ("online-logistic", "drift-corrected"):
+        assert result.stats.records[0].estimator is not None, "the first step's refit must reach the second step"
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE
+
+
+@attrs.frozen
+class LogisticOfTheDrawnToken:
+    """A deliberately biased use of the same logistic model: its signal is q_k(x_k), not max_v q_k(v)."""
+
+    def survival(self, draft: Draft) -> torch.Tensor:
+        drawn = draft.probs.gather(2, draft.tokens[:, :, None])
+        return MAX_Q_MODEL.survival(Draft(tokens=draft.tokens, lengths=draft.lengths, signals=torch.cat([drawn, torch.zeros_like(drawn)], dim=2)))
+
+
+def test_the_test_rejects_a_logistic_model_of_the_drawn_token(models):
+    """Power: the logistic model and threshold that pass above fail once their signal reads x_k itself."""
+    target, draft_model = models
+    result = _sample(target, DraftModelDrafter(draft_model), WARPINGS[0], seed=7, max_draft_tokens=2, policy=Threshold(0.5), confidence=LogisticOfTheDrawnToken())
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) < SIGNIFICANCE
