@@ -39,6 +39,19 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--no-fast-path", action="store_true", help="run dspark's forwards as plain forwards (see docs/fast_path.rst)")
     fast_path = commands.add_parser("fast-path", help="show the linear formulation the fast path chose per shape and row count (measuring once if needed)")
     fast_path.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
+    calibrate = commands.add_parser("calibrate", help="fit the drafter's survival calibration on held-out training prompts (resumable)")
+    calibrate.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
+    calibrate.add_argument("--drafter", default=None, help=f"a trained SemiARDrafter directory or {pretrained.PROMPT_LOOKUP!r}; default: the drafter shipped for the model")
+    calibrate.add_argument("--output", default=None, help="where calibration.json goes (default: the drafter's directory; needed for prompt-lookup)")
+    calibrate.add_argument("--prompts", type=int, default=160, help="calibration-split prompts (never eval/) to generate for")
+    calibrate.add_argument("--max-new-tokens", type=int, default=128)
+    calibrate.add_argument("--batch-size", type=int, default=8)
+    calibrate.add_argument("--bands", default="greedy,low,high", help="sampling bands to fit: greedy, low (temperature 0.7), high (temperature 1)")
+    calibrate.add_argument("--method", default="temperature", choices=["temperature", "isotonic"], help="temperature: Sequential Temperature Scaling (paper §3.2.1)")
+    calibrate.add_argument("--report-share", type=float, default=0.25, help="share of the prompts held out for the report")
+    calibrate.add_argument("--data-dir", default=None, help="the prompt-data folder holding train/ (default: $DSPARK_DATA_DIR, else shared/data found from the working directory up)")
+    calibrate.add_argument("--work-dir", default=None, help="logs, report and plots (default: <cache>/calibrate/<model>/<drafter>)")
+    calibrate.add_argument("--seed", type=int, default=0)
     train = commands.add_parser("train", help="distil a semi-autoregressive DSpark drafter from the model (resumable)")
     train.add_argument("--output", help="directory for the trained drafter (safetensors + config.json); needed unless --stage data")
     train.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(pretrained.KNOWN_MODELS))
@@ -185,6 +198,39 @@ def _train(args, parser: argparse.ArgumentParser) -> None:
         print(f"saved to {args.output} after {time.perf_counter() - started:.0f} s")
 
 
+def _calibrate(args, parser: argparse.ArgumentParser) -> None:
+    """Parse into a CollectConfig and hand over to ``dspark.training.calibrate.calibrate_drafter``."""
+    from dspark.training import calibrate, data
+    from dspark.verify.calibration import file_fingerprint
+
+    try:
+        data_dir = Path(args.data_dir) if args.data_dir else data.default_data_dir()
+        config = calibrate.CollectConfig(
+            prompts=args.prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+            bands=tuple(band for band in args.bands.split(",") if band), seed=args.seed,
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    directory = pretrained.shipped_drafter(args.model) if args.drafter is None else None if args.drafter == pretrained.PROMPT_LOOKUP else Path(args.drafter)
+    output = Path(args.output) if args.output else directory
+    if output is None:
+        parser.error("--output is needed with --drafter prompt-lookup (or a model without a shipped drafter)")
+    fingerprint = None if directory is None else file_fingerprint(directory / "model.safetensors")
+    work_dir = Path(args.work_dir) if args.work_dir else pretrained.default_cache_dir() / "calibrate" / args.model / (fingerprint or pretrained.PROMPT_LOOKUP)
+    bundle = pretrained.load(args.model, drafter=args.drafter)
+    outcome = calibrate.calibrate_drafter(
+        bundle.target, bundle.tokenizer, bundle.drafter, work_dir, output, config, method=args.method,
+        report_share=args.report_share, data_dir=data_dir, fingerprint=fingerprint,
+    )
+    for name, bands in outcome.report.items():
+        for band, report in bands.items():
+            raw, calibrated = report["raw"]["prefix"], report["calibrated"]["prefix"]
+            worst = lambda positions: max((p["ece"] for p in positions if p["count"]), default=float("nan"))  # noqa: E731
+            print(f"{name:18s} {band:7s} worst ECE of a_k over positions: raw {worst(raw):.3f}, calibrated {worst(calibrated):.3f}")
+    for name, path in outcome.paths.items():
+        print(f"{name}: {path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``dspark`` console script."""
     parser = _parser()
@@ -201,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
         _generate(args)
     elif args.command == "train":
         _train(args, parser)
+    elif args.command == "calibrate":
+        _calibrate(args, parser)
     elif args.command == "fast-path":
         bundle = pretrained.load(args.model)
         weights = [weight for module in (bundle.target, bundle.drafter) if isinstance(module, torch.nn.Module) for weight in linear_weights(module)]

@@ -120,3 +120,21 @@ def word_tokenizer():
         "{% if add_generation_prompt %}w4 {% endif %}"
     )
     return tokenizer
+
+
+def tiny_data_dir(tmp_path, per_source=6):
+    """A data folder shaped like shared/data: train/ with the four sources, made of tiny-vocabulary words."""
+    import json
+
+    train = tmp_path / "data" / "train"
+    train.mkdir(parents=True)
+    words = lambda index, count: " ".join(f"w{5 + (index * 7 + j) % 30}" for j in range(count))  # noqa: E731
+    rows = {
+        "sharegpt_prompts.jsonl": [{"prompt": words(i, 4)} for i in range(per_source)],
+        "alpaca_5k.jsonl": [{"instruction": words(i, 3), "input": "", "output": words(i + 1, 8)} for i in range(per_source)],
+        "code_alpaca_2k.jsonl": [{"instruction": words(i + 2, 3), "input": words(i, 2), "output": words(i + 3, 8)} for i in range(per_source)],
+        "gsm8k_train.jsonl": [{"question": words(i + 4, 5), "answer": words(i, 6) + " <<1+1=2>>"} for i in range(per_source)],
+    }
+    for name, records in rows.items():
+        (train / name).write_text("".join(json.dumps(record) + "\n" for record in records))
+    return tmp_path / "data"

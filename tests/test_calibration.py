@@ -13,6 +13,7 @@ from dspark.stats import GenerationStats, StepRecord
 from dspark.verify import calibration
 from dspark.verify.calibration import (
     Calibration,
+    CalibrationFile,
     CalibrationSet,
     CalibrationLog,
     IsotonicMap,
@@ -431,3 +432,16 @@ def test_calibration_set_round_trips_and_borrows_the_nearest_band():
         calibrations.for_band("warm")
     with pytest.raises(ValueError, match="CalibrationSet.bands"):
         CalibrationSet("DrafterConfidence", {"tepid": greedy})
+
+
+def test_calibration_file_round_trips_and_refuses_other_weights(tmp_path):
+    """A CalibrationFile saved beside a drafter loads back; a fingerprint other than the one it names is refused; no file gives None."""
+    fitted = CalibrationSet("DrafterConfidence", {"greedy": Calibration("temperature", (1.5,))}, fingerprint="aaaa")
+    saved = CalibrationFile({"DrafterConfidence": fitted}, "DrafterConfidence", fitted_on={"prompts": 8})
+    saved.save(tmp_path)
+    assert CalibrationFile.load(tmp_path, fingerprint="aaaa") == saved
+    with pytest.raises(ValueError, match="fitted for drafter weights aaaa, but these weights are bbbb"):
+        CalibrationFile.load(tmp_path, fingerprint="bbbb")
+    assert CalibrationFile.load(tmp_path / "elsewhere") is None
+    with pytest.raises(ValueError, match="default must name one of the sets"):
+        CalibrationFile({"DrafterConfidence": fitted}, "DraftProbability")

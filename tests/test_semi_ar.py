@@ -113,9 +113,9 @@ def test_bad_configs_are_refused(llama, overrides, message):
 
 
 def test_wrap_uses_the_drafters_measured_default_policy(llama):
-    """wrap with no policy verifies every drafted token, or thresholds the confidence head when the config says so."""
+    """wrap with no policy verifies every drafted token, or thresholds the confidence head when the config says so; the head scores survival either way."""
     plain = dspark.wrap(llama, _drafter(llama)).strategy
-    assert plain.policy == FixedLength(4) and plain.confidence is None and plain.max_draft_tokens == 4
+    assert plain.policy == FixedLength(4) and isinstance(plain.confidence, DrafterConfidence) and plain.max_draft_tokens == 4
     thresholded = dspark.wrap(llama, _drafter(llama, verify_threshold=0.3)).strategy
     assert thresholded.policy == Threshold(0.3) and isinstance(thresholded.confidence, DrafterConfidence) and thresholded.max_draft_tokens == 4
     assert dspark.wrap(llama, _drafter(llama, verify_threshold=0.3), policy=FixedLength(2)).strategy.confidence is None
@@ -222,3 +222,25 @@ def test_config_files_naming_gamma_block_size_still_load(llama):
     assert SemiARConfig.from_json(json.dumps(values)) == config
     with pytest.warns(DeprecationWarning):
         assert config.block_size == 5
+
+
+def test_a_saved_calibration_is_loaded_checked_and_used_by_wrap(tmp_path, llama):
+    """from_pretrained reads calibration.json when its fingerprint names these weights; wrap then scores with the calibrated head; other weights are refused."""
+    from dspark.verify import Calibration, CalibratedConfidence, CalibrationFile, CalibrationSet
+    from dspark.verify.calibration import file_fingerprint
+
+    drafter = tiny_semi_ar_drafter(llama)
+    drafter.save_pretrained(tmp_path)
+    assert SemiARDrafter.from_pretrained(tmp_path, target=llama).calibration is None
+    fitted = CalibrationSet("DrafterConfidence", {"greedy": Calibration("temperature", (2.0,))}, fingerprint=file_fingerprint(tmp_path / "model.safetensors"))
+    CalibrationFile({"DrafterConfidence": fitted}, "DrafterConfidence").save(tmp_path)
+    loaded = SemiARDrafter.from_pretrained(tmp_path, target=llama)
+    confidence = dspark.wrap(llama, loaded).strategy.confidence
+    assert isinstance(confidence, CalibratedConfidence) and confidence.calibrations == fitted
+    input_ids, attention_mask = left_padded_batch([5])
+    result = dspark.wrap(llama, loaded).generate(input_ids, attention_mask=attention_mask, max_new_tokens=6)
+    assert torch.equal(result.sequences, llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=6, do_sample=False))
+    drafter.mask_embedding.data += 1.0
+    drafter.save_pretrained(tmp_path)  # new weights, old calibration.json
+    with pytest.raises(ValueError, match="was fitted for drafter weights"):
+        SemiARDrafter.from_pretrained(tmp_path, target=llama)

@@ -1,6 +1,5 @@
 """The end-to-end distillation pipeline in dspark/training/pipeline.py, on a tiny target and a tiny data folder."""
 
-import json
 import subprocess
 import sys
 import warnings
@@ -10,23 +9,7 @@ import torch
 
 from dspark.drafters import SemiARConfig, SemiARDrafter
 from dspark.training import DataConfig, TrainConfig, distill_drafter, read_sequences, training_pools
-from tests.conftest import build_model, word_tokenizer
-
-
-def _data_dir(tmp_path, per_source=6):
-    """A data folder shaped like shared/data: train/ with the four sources, made of tiny-vocabulary words."""
-    train = tmp_path / "data" / "train"
-    train.mkdir(parents=True)
-    words = lambda index, count: " ".join(f"w{5 + (index * 7 + j) % 30}" for j in range(count))
-    rows = {
-        "sharegpt_prompts.jsonl": [{"prompt": words(i, 4)} for i in range(per_source)],
-        "alpaca_5k.jsonl": [{"instruction": words(i, 3), "input": "", "output": words(i + 1, 8)} for i in range(per_source)],
-        "code_alpaca_2k.jsonl": [{"instruction": words(i + 2, 3), "input": words(i, 2), "output": words(i + 3, 8)} for i in range(per_source)],
-        "gsm8k_train.jsonl": [{"question": words(i + 4, 5), "answer": words(i, 6) + " <<1+1=2>>"} for i in range(per_source)],
-    }
-    for name, records in rows.items():
-        (train / name).write_text("".join(json.dumps(record) + "\n" for record in records))
-    return tmp_path / "data"
+from tests.conftest import build_model, tiny_data_dir, word_tokenizer
 
 
 def _config(target) -> SemiARConfig:
@@ -41,11 +24,11 @@ def test_distill_drafter_regenerates_stores_trains_and_resumes(tmp_path):
     target, tokenizer = build_model("llama"), word_tokenizer()
     data = DataConfig(prompts=8, max_new_tokens=6, modes=("greedy", "reference"), validation_share=0.2)
     logs = []
-    assert distill_drafter(target, tokenizer, _config(target), tmp_path / "work", data, QUICK, _data_dir(tmp_path), stage="data", progress=False, log=logs.append) is None
+    assert distill_drafter(target, tokenizer, _config(target), tmp_path / "work", data, QUICK, tiny_data_dir(tmp_path), stage="data", progress=False, log=logs.append) is None
     records = read_sequences(tmp_path / "work" / "data.jsonl")
     assert {record["mode"] for record in records} == {"greedy", "reference"} and len(records) > 8
     assert (tmp_path / "work" / "targets-1-2").is_dir()
-    drafter = distill_drafter(target, tokenizer, _config(target), tmp_path / "work", data, QUICK, _data_dir(tmp_path / "again"), progress=False, log=logs.append)
+    drafter = distill_drafter(target, tokenizer, _config(target), tmp_path / "work", data, QUICK, tiny_data_dir(tmp_path / "again"), progress=False, log=logs.append)
     assert isinstance(drafter, SemiARDrafter) and drafter.draft_vocab.numel() == 40
     assert len(read_sequences(tmp_path / "work" / "data.jsonl")) == len(records), "the rerun must skip answered prompts"
     rerun_logs = []

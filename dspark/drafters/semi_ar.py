@@ -36,7 +36,9 @@ from torch import nn
 from dspark.checks import deprecated_alias, int_at_least, unit_interval
 from dspark.kv import RaggedCache, last_live_column
 from dspark.types import Draft, DraftContext, GenerationStart, StepOutcome
-from dspark.verify.confidence import DrafterConfidence
+from dspark.verify.calibration import CalibrationFile, file_fingerprint
+from dspark.verify.confidence import DraftProbability, DrafterConfidence
+from dspark.verify.estimators import CalibratedConfidence
 from dspark.verify.policies import FixedLength, Threshold
 from dspark.verify.warping import draw, warped_probs
 
@@ -46,6 +48,8 @@ SEQUENTIAL_HEADS = ("markov", "rnn", None)
 BACKBONES = ("parallel", "autoregressive")
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+# The raw estimators a saved calibration can name for this drafter.
+RAW_ESTIMATORS = {"DrafterConfidence": DrafterConfidence, "DraftProbability": DraftProbability}
 
 
 @attrs.frozen
@@ -252,6 +256,8 @@ class SemiARDrafter(nn.Module):
         self.vocab_size = config.target.vocab_size
         self.max_draft_tokens = config.max_draft_tokens
         size, rank = config.hidden_size, config.rank
+        # The saved calibration of these weights (``from_pretrained`` reads it); None: uncalibrated.
+        self.calibration: CalibrationFile | None = None
         self.shared = _SharedTargetParts(embedding=target.get_input_embeddings(), head_weight=target.get_output_embeddings().weight)
         if draft_vocab is None:
             draft_vocab = torch.arange(config.vocab_size)
@@ -430,8 +436,12 @@ class SemiARDrafter(nn.Module):
 
     @property
     def default_confidence(self):
-        """The confidence head (``DrafterConfidence``) when the default policy reads survival, else None."""
-        return None if self.config.verify_threshold is None else DrafterConfidence()
+        """The confidence head (``DrafterConfidence``), calibrated by the drafter's ``calibration.json``
+        (its default estimator, per sampling band) when ``from_pretrained`` found one."""
+        if self.calibration is None:
+            return DrafterConfidence()
+        calibrations = self.calibration.sets[self.calibration.default]
+        return CalibratedConfidence(RAW_ESTIMATORS[calibrations.estimator](), calibrations)
 
     # -- Drafter protocol ----------------------------------------------------------------------
 
@@ -521,6 +531,9 @@ class SemiARDrafter(nn.Module):
         weights = load_file(str(path / WEIGHTS_NAME))
         drafter = cls(config, target, draft_vocab=weights["draft_vocab"])
         drafter.load_state_dict(weights)
+        drafter.calibration = CalibrationFile.load(path, fingerprint=file_fingerprint(path / WEIGHTS_NAME))
+        if drafter.calibration is not None and drafter.calibration.sets[drafter.calibration.default].estimator not in RAW_ESTIMATORS:
+            raise ValueError(f"{str(path)!r}: calibration.json's default estimator must be one of {sorted(RAW_ESTIMATORS)}, got {drafter.calibration.default!r}")
         parameter = target.get_input_embeddings().weight
         return drafter.to(device=parameter.device, dtype=parameter.dtype).eval()
 

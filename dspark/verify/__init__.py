@@ -1,21 +1,28 @@
 """Acceptance rules, warping, confidence estimators, their calibration and verify policies."""
 
 from dspark.verify.acceptance import greedy_accept, leading_true, rejection_sample, residual_distribution
-from dspark.verify.calibration import BANDS, Calibration, CalibrationLog, CalibrationSet, band_of
+from dspark.verify.calibration import BANDS, Calibration, CalibrationFile, CalibrationLog, CalibrationSet, band_of
 from dspark.verify.confidence import DraftProbability, DrafterConfidence, survival_products
+from dspark.verify.estimators import CalibratedConfidence, DriftCorrectedConfidence, LogisticConfidence, OnlineLogisticConfidence, draft_signals
 from dspark.verify.policies import FixedLength, Threshold
 from dspark.verify.warping import warp_logits, warped_probs
 
 __all__ = [
     "BANDS",
+    "CalibratedConfidence",
     "Calibration",
+    "CalibrationFile",
     "CalibrationLog",
     "CalibrationSet",
     "DraftProbability",
     "DrafterConfidence",
+    "DriftCorrectedConfidence",
     "FixedLength",
+    "LogisticConfidence",
+    "OnlineLogisticConfidence",
     "Threshold",
     "band_of",
+    "draft_signals",
     "greedy_accept",
     "leading_true",
     "rejection_sample",

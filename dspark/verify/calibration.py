@@ -13,8 +13,11 @@ Everything here is pure: tensors in, tensors (or plain values) out; fits run in 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import attrs
@@ -28,13 +31,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BANDS",
+    "CALIBRATION_FILE",
     "Calibration",
+    "CalibrationFile",
     "CalibrationSet",
     "CalibrationLog",
     "IsotonicMap",
     "ReliabilityBins",
     "apply_temperatures",
     "band_of",
+    "file_fingerprint",
     "brier_score",
     "conditional_outcomes",
     "expected_calibration_error",
@@ -209,7 +215,7 @@ def _binned_error(predicted: torch.Tensor, outcome: torch.Tensor, bins: int) -> 
 
 
 def expected_calibration_error(predicted: torch.Tensor, outcome: torch.Tensor, bins: int = 10) -> float:
-    """ECE = Σ_b (m_b/M)·|mean predicted_b − observed rate_b| over ``bins`` equal-width bins of [0, 1]
+    """ECE = Σ_b (m_b/M)·``|mean predicted_b − observed rate_b|`` over ``bins`` equal-width bins of [0, 1]
     (bin b holds b/bins ≤ p < (b+1)/bins, p = 1 in the last), m_b samples in bin b of M; NaN when M = 0."""
     check_int("bins", bins, 1)
     predicted, outcome = _check_predictions(predicted, outcome)
@@ -565,3 +571,68 @@ class CalibrationSet:
             raise ValueError(f"data must be CalibrationSet.to_dict output with format_version {FORMAT_VERSION}, got {data!r:.200}")
         bands = {band: Calibration.from_dict(fit) for band, fit in data["bands"].items()}
         return cls(data["estimator"], bands, data.get("fingerprint"))
+
+
+CALIBRATION_FILE = "calibration.json"
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """The first 16 hex digits of the SHA-256 of a file: how a calibration names the drafter weights
+    (``model.safetensors``) it was fitted for."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"path must be a file, got {str(path)!r}")
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _sets_mapping(instance, attribute, value) -> None:
+    if not value or any(not isinstance(item, CalibrationSet) or item.estimator != name for name, item in value.items()):
+        raise ValueError(f"CalibrationFile.sets must map estimator names to their CalibrationSet, got {value!r:.300}")
+
+
+@attrs.frozen
+class CalibrationFile:
+    """What ``dspark calibrate`` saves beside a drafter (``calibration.json``): one ``CalibrationSet``
+    per raw estimator it measured, the name of the one ``wrap`` uses by default, the parameters of
+    estimators fitted from the logs (e.g. ``LogisticConfidence.to_dict()``), and how it was fitted."""
+
+    sets: Mapping[str, CalibrationSet] = attrs.field(validator=_sets_mapping)
+    default: str
+    estimators: Mapping[str, dict] = attrs.field(factory=dict)
+    fitted_on: Mapping[str, object] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self):
+        if self.default not in self.sets:
+            raise ValueError(f"default must name one of the sets {sorted(self.sets)}, got {self.default!r}")
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``directory/calibration.json`` (through a temporary file) and return its path."""
+        path = Path(directory) / CALIBRATION_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {
+            "format_version": FORMAT_VERSION, "default": self.default, "sets": [item.to_dict() for item in self.sets.values()],
+            "estimators": dict(self.estimators), "fitted_on": dict(self.fitted_on),
+        }
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(data, indent=2) + "\n")
+        partial.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path, fingerprint: str | None = None) -> CalibrationFile | None:
+        """``directory/calibration.json``, or None when there is none. With ``fingerprint`` (the drafter's
+        weights), a file fitted for other weights is refused with a ValueError naming both."""
+        path = Path(directory) / CALIBRATION_FILE
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        if not isinstance(data, Mapping) or data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{str(path)!r} must have format_version {FORMAT_VERSION}, got {data.get('format_version') if isinstance(data, Mapping) else data!r}")
+        sets = {item["estimator"]: CalibrationSet.from_dict(item) for item in data["sets"]}
+        for item in sets.values():
+            if fingerprint is not None and item.fingerprint not in (None, fingerprint):
+                raise ValueError(
+                    f"{str(path)!r} was fitted for drafter weights {item.fingerprint}, but these weights are {fingerprint}: "
+                    "recalibrate with `dspark calibrate` or delete the file"
+                )
+        return cls(sets, data["default"], data.get("estimators", {}), data.get("fitted_on", {}))

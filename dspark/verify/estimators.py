@@ -592,7 +592,7 @@ class DriftCorrectedConfidence:
     ``observe`` adds (c_k, y_k) for each position reached and checked to a window of the latest
     ``window`` samples per position. Every ``refit_every`` observed steps, the drift of each position,
     mean c'_k − observed rate over its window, is measured; where at least ``min_samples`` samples show
-    |drift| > ``tolerance``, T_k is refitted by grid search over ``grid`` (default 151 log-spaced
+    ``|drift|`` > ``tolerance``, T_k is refitted by grid search over ``grid`` (default 151 log-spaced
     temperatures over 0.05..20) minimising the mean log-loss of σ(logit(c)/T) on the window. Log-loss,
     not ECE: it is a proper scoring rule, convex in 1/T (a one-parameter logistic regression on logit c)
     and needs no binning, so small windows give a stable minimum. A temperature changes confidence,
