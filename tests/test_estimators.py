@@ -494,3 +494,19 @@ def test_wrappers_compute_in_float32_for_half_precision_bases():
     draft = signal_draft(torch.zeros((2, 2, 1)))
     assert CalibratedConfidence(HalfBase(), BANDED).survival(draft).dtype == torch.float32
     assert DriftCorrectedConfidence(HalfBase()).survival(draft).dtype == torch.float32
+
+
+def test_calibrated_estimator_builds_what_the_file_names():
+    """calibrated_estimator wraps the file's default (or a named) estimator, rebuilding a fitted logistic model; unknown names are refused."""
+    from dspark.verify import Calibration, CalibrationFile, CalibrationSet, calibrated_estimator
+
+    bands = {"greedy": Calibration("temperature", (2.0,))}
+    logistic = LogisticConfidence(((0.5, 1.0),))
+    calibration_file = CalibrationFile(
+        {"LogisticConfidence": CalibrationSet("LogisticConfidence", bands), "DraftProbability": CalibrationSet("DraftProbability", bands)},
+        "LogisticConfidence", estimators={"LogisticConfidence": logistic.to_dict()},
+    )
+    assert calibrated_estimator(calibration_file).base == logistic
+    assert isinstance(calibrated_estimator(calibration_file, "DraftProbability").base, DraftProbability)
+    with pytest.raises(ValueError, match="name must be one of the calibrated estimators"):
+        calibrated_estimator(calibration_file, "DrafterConfidence")

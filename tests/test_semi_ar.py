@@ -226,7 +226,7 @@ def test_config_files_naming_gamma_block_size_still_load(llama):
 
 def test_a_saved_calibration_is_loaded_checked_and_used_by_wrap(tmp_path, llama):
     """from_pretrained reads calibration.json when its fingerprint names these weights; wrap then scores with the calibrated head; other weights are refused."""
-    from dspark.verify import Calibration, CalibratedConfidence, CalibrationFile, CalibrationSet
+    from dspark.verify import CalibratedConfidence, Calibration, CalibrationFile, CalibrationSet
     from dspark.verify.calibration import file_fingerprint
 
     drafter = tiny_semi_ar_drafter(llama)
@@ -244,3 +244,14 @@ def test_a_saved_calibration_is_loaded_checked_and_used_by_wrap(tmp_path, llama)
     drafter.save_pretrained(tmp_path)  # new weights, old calibration.json
     with pytest.raises(ValueError, match="was fitted for drafter weights"):
         SemiARDrafter.from_pretrained(tmp_path, target=llama)
+
+
+def test_drafts_carry_non_anticipating_signals(llama):
+    """Draft.signals holds logit(confidence) and logit(max q) per position: what the head and q knew before each token was drawn."""
+    drafter = start_generation(_drafter(llama), rows=2)
+    input_ids, _ = left_padded_batch([6, 6])
+    context = DraftContext(tokens=input_ids, begin=torch.zeros(2, dtype=torch.long), end=torch.full((2,), 6), rows=torch.arange(2), step=0, sampling=SamplingConfig())
+    draft = drafter.propose(context, 3)
+    assert draft.signals.shape == (2, 3, 2)
+    assert torch.allclose(draft.signals[..., 0], torch.logit(draft.confidence, eps=1e-6))
+    assert torch.allclose(draft.signals[..., 1], torch.logit(draft.probs.amax(dim=-1), eps=1e-6))

@@ -37,15 +37,15 @@ def test_collect_logs_verifies_every_drafted_position_and_resumes(tmp_path):
 
 
 def test_calibrate_drafter_saves_a_checked_calibration_and_reports_held_out_prompts(tmp_path):
-    """calibrate_drafter fits every band of both raw estimators, saves them with the fingerprint, and reports raw and calibrated on the held-out batch."""
+    """calibrate_drafter fits the logistic model of the signals and every band of each estimator, saves them with the fingerprint, and reports raw and calibrated on the held-out batch."""
     target = build_model("llama")
     outcome = calibrate_drafter(
         target, word_tokenizer(), tiny_semi_ar_drafter(target), tmp_path / "work", tmp_path / "drafter", CONFIG,
         data_dir=tiny_data_dir(tmp_path, per_source=120), fingerprint="f00d", progress=False,
     )
     saved = CalibrationFile.load(tmp_path / "drafter", fingerprint="f00d")
-    assert saved == outcome.file and saved.default == "DrafterConfidence"
-    assert set(saved.sets) == {"DrafterConfidence", "DraftProbability"} and set(saved.sets["DraftProbability"].bands) == {"greedy", "high"}
+    assert saved == outcome.file and saved.default == "LogisticConfidence" and "LogisticConfidence" in saved.estimators
+    assert set(saved.sets) == {"LogisticConfidence", "DrafterConfidence", "DraftProbability"} and set(saved.sets["DraftProbability"].bands) == {"greedy", "high"}
     assert saved.fitted_on["prompts"] == 12 and saved.fitted_on["report_prompts"] == 4
     report = json.loads(outcome.paths["report"].read_text())["report"]
     positions = report["DrafterConfidence"]["greedy"]["calibrated"]["prefix"]

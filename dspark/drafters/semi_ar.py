@@ -37,19 +37,21 @@ from dspark.checks import deprecated_alias, int_at_least, unit_interval
 from dspark.kv import RaggedCache, last_live_column
 from dspark.types import Draft, DraftContext, GenerationStart, StepOutcome
 from dspark.verify.calibration import CalibrationFile, file_fingerprint
-from dspark.verify.confidence import DraftProbability, DrafterConfidence
-from dspark.verify.estimators import CalibratedConfidence
+from dspark.verify.confidence import DrafterConfidence
+from dspark.verify.estimators import calibrated_estimator
 from dspark.verify.policies import FixedLength, Threshold
 from dspark.verify.warping import draw, warped_probs
 
-__all__ = ["SemiARConfig", "SemiARDrafter", "TargetSignature", "default_target_layers"]
+__all__ = ["SEMI_AR_SIGNALS", "SemiARConfig", "SemiARDrafter", "TargetSignature", "default_target_layers"]
 
 SEQUENTIAL_HEADS = ("markov", "rnn", None)
 BACKBONES = ("parallel", "autoregressive")
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-# The raw estimators a saved calibration can name for this drafter.
-RAW_ESTIMATORS = {"DrafterConfidence": DrafterConfidence, "DraftProbability": DraftProbability}
+#: The columns of ``Draft.signals`` a SemiARDrafter fills: the confidence head's and the draft
+#: distribution's belief, as logits (clamped to [SIGNAL_EPS, 1 − SIGNAL_EPS] first).
+SEMI_AR_SIGNALS = ("logit_confidence", "logit_max_probability")
+SIGNAL_EPS = 1e-6
 
 
 @attrs.frozen
@@ -436,12 +438,9 @@ class SemiARDrafter(nn.Module):
 
     @property
     def default_confidence(self):
-        """The confidence head (``DrafterConfidence``), calibrated by the drafter's ``calibration.json``
-        (its default estimator, per sampling band) when ``from_pretrained`` found one."""
-        if self.calibration is None:
-            return DrafterConfidence()
-        calibrations = self.calibration.sets[self.calibration.default]
-        return CalibratedConfidence(RAW_ESTIMATORS[calibrations.estimator](), calibrations)
+        """The confidence head (``DrafterConfidence``), or, when ``from_pretrained`` found a
+        ``calibration.json``, its default estimator calibrated per sampling band."""
+        return DrafterConfidence() if self.calibration is None else calibrated_estimator(self.calibration)
 
     # -- Drafter protocol ----------------------------------------------------------------------
 
@@ -494,11 +493,15 @@ class SemiARDrafter(nn.Module):
             return Draft.empty(rows, device)
         q = torch.stack(probs, dim=1) if sampling.do_sample else warped_probs(torch.stack(logits, dim=1), sampling)
         confidence = torch.sigmoid(self.confidence_head(torch.cat([torch.stack(block_hidden, dim=1), torch.stack(previous_features, dim=1)], dim=-1)))
+        confidence = confidence.squeeze(-1).float()
+        # SEMI_AR_SIGNALS: both known before x_k is drawn (the head reads x_{k−1}; max q is not q(x_k)).
+        signals = torch.stack([torch.logit(confidence, eps=SIGNAL_EPS), torch.logit(q.amax(dim=-1).float(), eps=SIGNAL_EPS)], dim=-1)
         return Draft(
             tokens=torch.stack(tokens, dim=1),
             lengths=torch.full((rows,), len(tokens), dtype=torch.long, device=device),
             probs=q.new_zeros((rows, len(tokens), self.vocab_size)).index_copy_(2, self.draft_vocab, q),
-            confidence=confidence.squeeze(-1).float(),
+            confidence=confidence,
+            signals=signals,
         )
 
     def observe(self, outcome: StepOutcome) -> None:
@@ -532,8 +535,8 @@ class SemiARDrafter(nn.Module):
         drafter = cls(config, target, draft_vocab=weights["draft_vocab"])
         drafter.load_state_dict(weights)
         drafter.calibration = CalibrationFile.load(path, fingerprint=file_fingerprint(path / WEIGHTS_NAME))
-        if drafter.calibration is not None and drafter.calibration.sets[drafter.calibration.default].estimator not in RAW_ESTIMATORS:
-            raise ValueError(f"{str(path)!r}: calibration.json's default estimator must be one of {sorted(RAW_ESTIMATORS)}, got {drafter.calibration.default!r}")
+        if drafter.calibration is not None:
+            calibrated_estimator(drafter.calibration)  # refuse a file naming an estimator it cannot build, at load
         parameter = target.get_input_embeddings().weight
         return drafter.to(device=parameter.device, dtype=parameter.dtype).eval()
 

@@ -46,6 +46,7 @@ from dspark.verify.calibration import (
     roc_auc,
 )
 from dspark.verify.confidence import DraftProbability, DrafterConfidence
+from dspark.verify.estimators import LogisticConfidence
 from dspark.verify.policies import FixedLength
 
 __all__ = [
@@ -231,7 +232,8 @@ def _position_metrics(predicted: torch.Tensor, outcome: torch.Tensor) -> dict:
 def calibration_report(log: CalibrationLog, calibration: Calibration | None = None) -> dict:
     """Per draft position k, for the raw survival and (when given) the calibrated one: ECE, Brier,
     ROC-AUC, mean prediction, observed rate and count of prefix survival a_k (blocks where a_k's
-    outcome is known) and of conditional survival c_k (positions reached and verified)."""
+    outcome is known) and of conditional survival c_k (positions reached and verified), and the
+    latter pooled over all reached positions (``conditional_pooled``)."""
     versions = {"raw": log.survival}
     if calibration is not None:
         versions["calibrated"] = calibration.apply(log.survival)
@@ -243,6 +245,8 @@ def calibration_report(log: CalibrationLog, calibration: Calibration | None = No
         report[name] = {
             "prefix": [_position_metrics(prefix[:, k][prefix_known[:, k]], prefix_outcome[:, k][prefix_known[:, k]]) for k in range(log.width)],
             "conditional": [_position_metrics(survival[:, k][reached[:, k]].double(), conditional_outcome[:, k][reached[:, k]]) for k in range(log.width)],
+            # Every reached position together: deep positions are reached too rarely to score alone.
+            "conditional_pooled": _position_metrics(survival[reached].double(), conditional_outcome[reached]),
         }
     return report
 
@@ -283,17 +287,22 @@ def plot_reliability(logs: Mapping[str, CalibrationLog], calibrations: Mapping[s
 
 
 def raw_estimators(drafter: Drafter) -> dict[str, ConfidenceEstimator]:
-    """The raw estimators worth calibrating for ``drafter``: a SemiARDrafter's head and its draft
-    probability; prompt lookup's signals through a logistic model fitted from the logs; any other
-    drafter's draft probability."""
+    """The raw estimators worth calibrating for ``drafter``, the default (the one ``wrap`` will use)
+    first: a logistic model of the drafter's ``Draft.signals`` fitted from the logs, for a
+    SemiARDrafter or prompt lookup (for a SemiARDrafter also its head and its draft probability on
+    their own, for comparison); any other drafter's draft probability."""
     from dspark.drafters import PromptLookupDrafter, SemiARDrafter
     from dspark.drafters.prompt_lookup import LOOKUP_SIGNALS
-    from dspark.verify.estimators import LogisticConfidence
+    from dspark.drafters.semi_ar import SEMI_AR_SIGNALS
 
+    # Zero coefficients score 0.5 everywhere: the collection run only needs the signals it logs.
     if isinstance(drafter, SemiARDrafter):
-        return {"DrafterConfidence": DrafterConfidence(), "DraftProbability": DraftProbability()}
+        return {
+            "LogisticConfidence": LogisticConfidence(((0.0,) * (1 + len(SEMI_AR_SIGNALS)),)),
+            "DrafterConfidence": DrafterConfidence(),
+            "DraftProbability": DraftProbability(),
+        }
     if isinstance(drafter, PromptLookupDrafter):
-        # Zero coefficients score 0.5 everywhere: the collection run only needs the signals.
         return {"LogisticConfidence": LogisticConfidence(((0.0,) * (1 + len(LOOKUP_SIGNALS)),))}
     return {"DraftProbability": DraftProbability()}
 
@@ -342,8 +351,6 @@ def calibrate_drafter(
     'calibration')``, never eval/). Logs live in ``work_dir`` and a rerun resumes them.
     ``fingerprint``: the drafter weights' ``file_fingerprint``, written into the file and checked on load.
     """
-    from dspark.verify.estimators import LogisticConfidence
-
     if not 0.0 < report_share < 1.0:
         raise ValueError(f"report_share must be in (0, 1), got {report_share!r}")
     work_dir = Path(work_dir)

@@ -3,7 +3,7 @@
 from dspark.verify.acceptance import greedy_accept, leading_true, rejection_sample, residual_distribution
 from dspark.verify.calibration import BANDS, Calibration, CalibrationFile, CalibrationLog, CalibrationSet, band_of
 from dspark.verify.confidence import DraftProbability, DrafterConfidence, survival_products
-from dspark.verify.estimators import CalibratedConfidence, DriftCorrectedConfidence, LogisticConfidence, OnlineLogisticConfidence, draft_signals
+from dspark.verify.estimators import CalibratedConfidence, DriftCorrectedConfidence, LogisticConfidence, OnlineLogisticConfidence, calibrated_estimator, draft_signals
 from dspark.verify.policies import FixedLength, Threshold
 from dspark.verify.warping import warp_logits, warped_probs
 
@@ -22,6 +22,7 @@ __all__ = [
     "OnlineLogisticConfidence",
     "Threshold",
     "band_of",
+    "calibrated_estimator",
     "draft_signals",
     "greedy_accept",
     "leading_true",

@@ -28,13 +28,15 @@ import torch.nn.functional as F
 from dspark.checks import check_int
 from dspark.protocols import ESTIMATOR_HOOKS, ConfidenceEstimator, check_hooks, hook
 from dspark.types import Draft, GenerationStart, StepOutcome
-from dspark.verify.calibration import CalibrationLog, CalibrationSet, apply_temperatures, band_of, conditional_outcomes
+from dspark.verify.calibration import CalibrationFile, CalibrationLog, CalibrationSet, apply_temperatures, band_of, conditional_outcomes
+from dspark.verify.confidence import DraftProbability, DrafterConfidence
 
 __all__ = [
     "CalibratedConfidence",
     "DriftCorrectedConfidence",
     "LogisticConfidence",
     "OnlineLogisticConfidence",
+    "calibrated_estimator",
     "draft_signals",
     "fit_logistic",
 ]
@@ -677,3 +679,25 @@ class DriftCorrectedConfidence:
         if base is None:
             return report
         return {**(report or {}), "base": base}
+
+
+def _raw_estimator(name: str, calibration_file: CalibrationFile) -> ConfidenceEstimator:
+    """The estimator a calibration file names: a training-free one by class name, or one fitted from
+    logs whose parameters the file keeps (``CalibrationFile.estimators``)."""
+    if name == "DrafterConfidence":
+        return DrafterConfidence()
+    if name == "DraftProbability":
+        return DraftProbability()
+    if name == "LogisticConfidence" and name in calibration_file.estimators:
+        return LogisticConfidence.from_dict(calibration_file.estimators[name])
+    raise ValueError(
+        f"name must be DrafterConfidence, DraftProbability or an estimator the file fitted ({sorted(calibration_file.estimators)}), got {name!r}"
+    )
+
+
+def calibrated_estimator(calibration_file: CalibrationFile, name: str | None = None) -> CalibratedConfidence:
+    """The estimator ``name`` (default: the file's default) wrapped with its per-band calibration."""
+    name = calibration_file.default if name is None else name
+    if name not in calibration_file.sets:
+        raise ValueError(f"name must be one of the calibrated estimators {sorted(calibration_file.sets)}, got {name!r}")
+    return CalibratedConfidence(_raw_estimator(name, calibration_file), calibration_file.sets[name])
