@@ -175,3 +175,27 @@ def estimator_streams(draw, max_steps: int = 6, max_rows: int = 3, max_width: in
         other.append(outcome_for(rows, width))
     split = draw(st.integers(0, steps - 1))
     return drafts, outcomes, outcomes[:split] + other[split:], split
+
+
+@st.composite
+def schedule_problems(draw, max_rows: int = 5, max_width: int = 5):
+    """(survival c FloatTensor[R, γ] float64 in [0, 1], often tied, with exact 0 and 1; limits LongTensor[R]
+    in 0..γ+1), R ≥ 1, γ ≥ 0. Schedulers take the prefix survival c.cumprod(dim=1)."""
+    rows, width = draw(st.integers(1, max_rows)), draw(st.integers(0, max_width))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    survival = torch.rand((rows, width), generator=generator, dtype=torch.float64)
+    if draw(st.booleans()):
+        survival = (survival * 4).round() / 4  # few distinct values: ties within and across rows, exact 0 and 1
+    limits = torch.tensor([draw(st.integers(0, width + 1)) for _ in range(rows)], dtype=torch.long)
+    return survival, limits
+
+
+@st.composite
+def step_curves(draw, max_width: int = 5):
+    """(seconds, doublings): T(w) > 0 for w = 1..max_width+1 in any shape, and non-decreasing integers e_w ≥ 0,
+    so T(w)·2^{e_w} is a steeper curve (scaling by powers of two keeps every comparison exact)."""
+    seconds = draw(st.lists(st.floats(0.05, 20.0), min_size=max_width + 1, max_size=max_width + 1))
+    steps = draw(st.lists(st.integers(0, 2), min_size=max_width + 1, max_size=max_width + 1))
+    doublings = [sum(steps[: index + 1]) for index in range(len(steps))]
+    return seconds, doublings
+

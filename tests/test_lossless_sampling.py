@@ -13,6 +13,7 @@ from dspark.types import Draft, SamplingConfig
 from dspark.verify import DrafterConfidence, DraftProbability, FixedLength, Threshold
 from dspark.verify.calibration import Calibration, CalibrationSet
 from dspark.verify.estimators import CalibratedConfidence, DriftCorrectedConfidence, LogisticConfidence, OnlineLogisticConfidence
+from dspark.verify.schedulers import HardwareAwareScheduler, MinimumGainRule, VllmArgmaxRule, prefix_schedule
 from dspark.verify.warping import warped_probs
 from tests.conftest import build_model
 
@@ -27,11 +28,11 @@ WARPINGS = [
 ]
 
 
-def _joint_law(model, sampling: SamplingConfig) -> torch.Tensor:
-    """Exact P(t1, t2) = p1(t1) · p2(t2 | t1) under the warping, [V, V]."""
+def _joint_law(model, sampling: SamplingConfig, prompt: torch.Tensor = PROMPT) -> torch.Tensor:
+    """Exact P(t1, t2) = p1(t1) · p2(t2 | t1) after ``prompt`` [1, 6] under the warping, [V, V]."""
     with torch.inference_mode():
-        first = warped_probs(model(PROMPT).logits[0, -1], sampling)
-        continuations = torch.cat([PROMPT.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], dim=1)
+        first = warped_probs(model(prompt).logits[0, -1], sampling)
+        continuations = torch.cat([prompt.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], dim=1)
         second = warped_probs(model(continuations).logits[:, -1], sampling)
     return first[:, None] * second
 
@@ -52,10 +53,11 @@ def _g_test_p_value(sequences: torch.Tensor, law: torch.Tensor) -> float:
     return float(chi2.sf(g, observed.numel() - 1))
 
 
-def _sample(target, drafter, sampling, seed, **wrap_arguments):
+def _sample(target, drafter, sampling, seed, prompts: torch.Tensor = PROMPT, **wrap_arguments):
+    """ROWS rows of ``prompts`` [P, 6] repeated (row i holds prompt i mod P), three tokens each."""
     speculative = dspark.wrap(target, drafter, **wrap_arguments)
     return speculative.generate(
-        PROMPT.expand(ROWS, -1), max_new_tokens=3, do_sample=True, temperature=sampling.temperature,
+        prompts.repeat(ROWS // prompts.shape[0], 1), max_new_tokens=3, do_sample=True, temperature=sampling.temperature,
         top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=[], generator=torch.Generator().manual_seed(seed),
     )
 
@@ -188,4 +190,86 @@ def test_the_test_rejects_a_logistic_model_of_the_drawn_token(models):
     """Power: the logistic model and threshold that pass above fail once their signal reads x_k itself."""
     target, draft_model = models
     result = _sample(target, DraftModelDrafter(draft_model), WARPINGS[0], seed=7, max_draft_tokens=2, policy=Threshold(0.5), confidence=LogisticOfTheDrawnToken())
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) < SIGNIFICANCE
+
+
+# ----------------------------------------------------------------------------- throughput-aware schedulers
+# With PROMPT the draft is confident about x_1 (a_1 = max q_1 = 0.81), and c_2 = max q_2(· | x_1) is high
+# (0.77-0.94) for x_1 in {0, 1, 2, 4} and low (0.35, 0.43) for x_1 in {3, 5}; with PROMPT_B a_1 = 0.38.
+PROMPT_B = torch.tensor([[4, 5, 5, 3, 4, 3]])
+
+
+@attrs.frozen
+class StepCurve:
+    """A cost model from a table: T(R, w) = seconds[w − 1] for any R (the last entry beyond), fixed drafting time."""
+
+    seconds: tuple[float, ...]
+    draft_seconds: float = 0.0
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        return self.seconds[min(tokens, len(self.seconds)) - 1]
+
+    def draft_time(self, rows: int) -> float:
+        return self.draft_seconds
+
+
+# Flat up to two tokens a row (memory-bound), a third costs 75% more.
+ROOFLINE = StepCurve((1.0, 1.0, 1.75), draft_seconds=0.1)
+# Paper Appendix A: SPS(1) = 1.0, SPS(2) = 0.5, SPS(3) = 0.45 (seconds are 1 / SPS).
+APPENDIX_A = StepCurve((1.0, 2.0, 1 / 0.45))
+
+
+@attrs.frozen
+class RetrospectiveScheduler:
+    """Test double: Algorithm 1 without its break, i.e. the best prefix of the admission order (Appendix A)."""
+
+    needs_survival = True
+
+    def lengths(self, survival, cost_model, limits):
+        return prefix_schedule(survival.cumprod(dim=1), limits, cost_model.step_time, cost_model.draft_time(survival.shape[0]), early_stop=False)
+
+
+@attrs.frozen
+class SingleRequestBatches:
+    """Schedules every row as its own batch (R = 1), as ROWS independent single-request engines would."""
+
+    policy: object
+    needs_survival = True
+
+    def lengths(self, survival, cost_model, limits):
+        return torch.cat([self.policy.lengths(survival[row : row + 1], cost_model, limits[row : row + 1]) for row in range(survival.shape[0])])
+
+
+@pytest.mark.parametrize("policy", [HardwareAwareScheduler(), MinimumGainRule()], ids=["hardware-aware", "minimum-gain"])
+def test_throughput_aware_policies_are_lossless_on_a_mixed_batch(models, policy):
+    """On one 4000-row batch of two prompts the first step verifies x_1 for PROMPT's rows only, and both prompts' samples pass."""
+    target, draft_model = models
+    sampling = WARPINGS[0]
+    prompts = torch.cat([PROMPT, PROMPT_B])
+    result = _sample(target, DraftModelDrafter(draft_model), sampling, seed=1, prompts=prompts, max_draft_tokens=2,
+                     policy=policy, confidence=DraftProbability(), cost_model=ROOFLINE)
+    first_step = result.stats.verify_lengths[0]
+    assert first_step[0::2].eq(1).all() and first_step[1::2].eq(0).all(), "ℓ must differ between the rows of one step"
+    for index, prompt in enumerate(prompts):
+        assert _g_test_p_value(result.sequences[index::2], _joint_law(target, sampling, prompt[None])) > SIGNIFICANCE
+
+
+def test_early_stop_may_read_c2_to_decide_x2(models):
+    """Single-request batches on a curve where verifying x_2 pays only when c_2 is high: ℓ ∈ {1, 2} follows x_1, and the law holds."""
+    target, draft_model = models
+    result = _sample(target, DraftModelDrafter(draft_model), WARPINGS[0], seed=0, max_draft_tokens=2,
+                     policy=SingleRequestBatches(HardwareAwareScheduler()), confidence=DraftProbability(), cost_model=StepCurve((1.0, 1.0, 1.3)))
+    assert set(result.stats.verify_lengths[0].tolist()) == {1, 2}
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("policy", [RetrospectiveScheduler(), VllmArgmaxRule()], ids=["retrospective", "vllm-argmax"])
+def test_the_test_rejects_retrospective_scheduling(models, policy):
+    """Power (Appendix A's setting: R = 1, γ = 2, its SPS curve): choosing the best prefix after seeing c_2 verifies
+    x_1 exactly when c_2, which reads x_1, is high, and the output law is rejected. In one 4000-row batch the
+    argmax follows batch averages and the bias shrinks like 1/R (not detectable here), hence one row per batch."""
+    target, draft_model = models
+    result = _sample(target, DraftModelDrafter(draft_model), WARPINGS[0], seed=0, max_draft_tokens=2,
+                     policy=SingleRequestBatches(policy), confidence=DraftProbability(), cost_model=APPENDIX_A)
+    assert set(result.stats.verify_lengths[0].tolist()) == {0, 2}, "x_1 must be verified for some rows and not others"
     assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) < SIGNIFICANCE

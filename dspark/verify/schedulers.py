@@ -1,0 +1,296 @@
+"""Throughput-aware verify policies: the paper's hardware-aware prefix scheduler (§3.2.2, Algorithm 1)
+and two engine rules to compare it with.
+
+Notation, as in the paper: R rows; c_{r,k} the survival of row r's k-th draft token; a_{r,j} =
+c_{r,1}·…·c_{r,j} its prefix survival; ℓ_r the verify length; τ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}) the
+expected tokens the step emits; T(R, w) = ``step_time(R, w)``, the seconds of one target forward over
+R rows of w new tokens each; D the seconds of the drafting pass; the goodput
+
+    Θ = τ / (D + T(R, 1 + max_r ℓ_r))        (tokens per second; τ · SPS with SPS = 1 / T when D = 0).
+
+Two departures from the paper, both deliberate. dspark's verify forward is rectangular — every row
+feeds its anchor and its ℓ_r drafts, padded to the longest — so a step costs T(R, 1 + max_r ℓ_r), not the
+paper's SPS(B) of B = Σ_r (1 + ℓ_r) tokens: a candidate that does not raise max ℓ is free, one that
+does pays for a whole new column. And D is in the denominator (the drafting pass is part of every step).
+A consequence worth knowing: the first candidate of a column carries that column's whole cost, so
+with many rows Algorithm 1 stops before a new column unless (D + T(R, w + 1)) / (D + T(R, w)) < 1 + a/τ
+(τ ≥ R: a rise of less than a/R of a step), even where admitting the whole column would pay. Seeing past
+such a step is what the retrospective search does, and why it is not lossless.
+
+The candidates (r, j), j ≤ limits[r], are visited in descending a_{r,j}; ties go to the smaller j, then
+the smaller r. Because a_{r,j+1} ≤ a_{r,j}, each row's candidates come in order of j, so the admitted
+set of any prefix of this order is a per-row prefix and ℓ_r is simply the count of row r's admissions.
+
+Why the scheduler must stop early (paper Appendix A): lossless sampling needs every admission to be
+non-anticipating — whether x_{r,k} is verified may depend only on what was known before x_{r,k} was
+drawn. a_{r,k+1} depends on x_{r,k} (the confidence of position k+1 reads the token before it), and
+(r, k+1) always comes after (r, k) in the order above. Stopping at the first admission that does not
+raise Θ decides (r, k) from the candidates before it only. Choosing the best prefix of the order
+afterwards (``early_stop=False``, the "retrospective" search, and vLLM's budget argmax computed from this
+step's survival) lets a_{r,k+1} — hence x_{r,k} itself — decide whether x_{r,k} is verified.
+
+Every function here stays on the survival's device and never copies to the host: ``step_time`` is
+called with Python ints only (R and 1..γ+1, all known from shapes), and the stop, the argmax and the
+per-row counts are tensor operations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import attrs
+import torch
+
+from dspark.checks import int_at_least, unit_interval
+from dspark.protocols import CostModel
+from dspark.verify.confidence import survival_products
+
+__all__ = [
+    "Candidates",
+    "HardwareAwareScheduler",
+    "MinimumGainRule",
+    "VllmArgmaxRule",
+    "candidate_order",
+    "goodput_curve",
+    "minimum_gain_schedule",
+    "prefix_schedule",
+]
+
+StepTime = Callable[[int, int], float]
+
+
+class Candidates(NamedTuple):
+    """The candidates (r, j) in admission order, each a tensor [R·γ]: ``rows`` r, ``positions`` j (1-based),
+    ``values`` a_{r,j}, ``eligible`` j ≤ limits[r] (ineligible candidates come last and are never admitted)."""
+
+    rows: torch.Tensor
+    positions: torch.Tensor
+    values: torch.Tensor
+    eligible: torch.Tensor
+
+
+def candidate_order(prefix_survival: torch.Tensor, limits: torch.Tensor) -> Candidates:
+    """All (r, j) sorted by a_{r,j} descending, ties to the smaller j and then the smaller r; those with
+    j > limits[r] are moved to the end. a must lie in [0, 1] and be non-increasing in j (a cumulative
+    product of survivals is), which makes each row's candidates appear in increasing j."""
+    _check_problem(prefix_survival, limits)
+    rows, gamma = prefix_survival.shape
+    device = prefix_survival.device
+    # Flatten j-major (index (j−1)·R + r): a stable sort then breaks ties by j, then by r.
+    values = prefix_survival.T.reshape(-1)
+    positions = torch.arange(1, gamma + 1, device=device).repeat_interleave(rows)
+    row_ids = torch.arange(rows, device=device).repeat(gamma)
+    eligible = positions <= limits.to(device).repeat(gamma)
+    # −1 lies below every a in [0, 1], so ineligible candidates sort after all eligible ones.
+    keys = torch.where(eligible, values, torch.full_like(values, -1.0))
+    order = torch.sort(keys, descending=True, stable=True).indices
+    return Candidates(row_ids[order], positions[order], values[order], eligible[order])
+
+
+def goodput_curve(prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, draft_seconds: float = 0.0) -> torch.Tensor:
+    """Θ_k for k = 0..R·γ: the goodput after admitting the first k candidates of ``candidate_order``
+    (Θ_0 = R / (D + T(R, 1)): every row emits one token anyway); −inf where candidate k is ineligible."""
+    candidates = candidate_order(prefix_survival, limits)
+    rows, gamma = prefix_survival.shape
+    draft_seconds = _check_seconds("draft_seconds", draft_seconds)
+    seconds = _step_seconds(step_time, rows, gamma, draft_seconds, _compute_dtype(prefix_survival), prefix_survival.device)
+    return _goodput(candidates, rows, seconds, draft_seconds)
+
+
+def prefix_schedule(
+    prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, draft_seconds: float = 0.0, early_stop: bool = True
+) -> torch.Tensor:
+    """Algorithm 1 on dspark's rectangular forward: ℓ LongTensor[R] with 0 ≤ ℓ_r ≤ limits[r].
+
+    Admit candidates in ``candidate_order``; with ``early_stop`` (the paper, and what keeps sampling
+    lossless) stop at the first one that does not raise Θ; without it return the best prefix of the
+    order (first maximum), the retrospective search of Appendix A that is not lossless.
+    """
+    if not isinstance(early_stop, bool):
+        raise TypeError(f"early_stop must be a bool, got {early_stop!r}")
+    candidates = candidate_order(prefix_survival, limits)
+    rows, gamma = prefix_survival.shape
+    if rows == 0 or gamma == 0:
+        return torch.zeros(rows, dtype=torch.long, device=prefix_survival.device)
+    draft_seconds = _check_seconds("draft_seconds", draft_seconds)
+    seconds = _step_seconds(step_time, rows, gamma, draft_seconds, _compute_dtype(prefix_survival), prefix_survival.device)
+    theta = _goodput(candidates, rows, seconds, draft_seconds)
+    if early_stop:
+        # Every admission so far raised Θ, so the best so far is the previous Θ.
+        count = _leading_true(theta[1:] > theta[:-1])
+    else:
+        count = theta.argmax()  # the first maximum: ties keep the shorter prefix
+    return _lengths(candidates.rows, count, rows)
+
+
+def minimum_gain_schedule(prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, min_gain: float = 0.04) -> torch.Tensor:
+    """ℓ LongTensor[R]: admit candidates in ``candidate_order`` while a_{r,j} − ΔT / T(R, 1) ≥ ``min_gain``,
+    ΔT the step time the admission adds (T(R, 1 + new max ℓ) − T(R, 1 + old max ℓ), 0 when max ℓ does not
+    grow); stop at the first candidate that falls short, so the rule is non-anticipating like Algorithm 1."""
+    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)):
+        raise TypeError(f"min_gain must be a finite number, got {min_gain!r}")
+    if not math.isfinite(min_gain):
+        raise ValueError(f"min_gain must be a finite number, got {min_gain!r}")
+    candidates = candidate_order(prefix_survival, limits)
+    rows, gamma = prefix_survival.shape
+    if rows == 0 or gamma == 0:
+        return torch.zeros(rows, dtype=torch.long, device=prefix_survival.device)
+    # Gains are measured in one-token steps, so T(R, 1) itself must be positive (no drafting time here).
+    seconds = _step_seconds(step_time, rows, gamma, 0.0, _compute_dtype(prefix_survival), prefix_survival.device)
+    width = _widths(candidates)
+    extra_steps = (seconds[width[1:]] - seconds[width[:-1]]) / seconds[0]
+    gain = candidates.values.to(seconds.dtype) - extra_steps
+    return _lengths(candidates.rows, _leading_true(candidates.eligible & (gain >= min_gain)), rows)
+
+
+@attrs.frozen
+class HardwareAwareScheduler:
+    """DSpark's hardware-aware prefix scheduler (paper Algorithm 1): global greedy admission by a_{r,j},
+    stopping at the first admission that does not raise the goodput Θ; lossless (see the module docstring).
+
+    ``max_draft_tokens``: γ for ``wrap`` (``POLICY_HOOKS``) and a cap on ℓ; None leaves γ to the drafter.
+    ``include_draft_cost``: count the cost model's ``draft_time(R)`` in Θ's denominator (beyond the paper,
+    which leaves drafting out); a fixed cost per step makes verification relatively cheaper.
+    """
+
+    max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
+    include_draft_cost: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    needs_survival = True
+
+    def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
+        """``prefix_schedule`` of a = cumprod(c) on the cost model's step time, with early stop."""
+        prefix, limits = _prefix_and_limits(self, survival, limits)
+        draft_seconds = cost_model.draft_time(prefix.shape[0]) if self.include_draft_cost and prefix.shape[0] > 0 else 0.0
+        return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=True)
+
+
+@attrs.frozen
+class VllmArgmaxRule:
+    """vLLM's adaptive verification (``vllm/v1/worker/gpu/spec_decode/adaptive_verification.py``,
+    ``AdaptiveVerificationManager.get_num_tokens``): the draft budget b* = argmax_b (R + sum of the top-b
+    prefix survivals) / (draft time + verify time), over every b with no early stop; then the b* best
+    (r, j) are admitted. Here the verify time is this module's rectangular T(R, 1 + max ℓ) and the draft
+    time is ``draft_time(R)``; the top-b entries are the first b of ``candidate_order``, so the rule is
+    exactly ``prefix_schedule(early_stop=False)``.
+
+    vLLM computes b* from the survivals of an earlier step (a snapshot copied to the host a step before;
+    only the ranking reads this step's), which keeps the budget from seeing this step's tokens (paper
+    §5.2). This policy computes it from this step's survival — the retrospective search of Appendix A,
+    which is NOT lossless: tests/test_lossless_sampling.py shows the bias at small batch.
+    """
+
+    max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
+    needs_survival = True
+
+    def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
+        """The b* best candidates of this step, b* the argmax of expected goodput over all budgets."""
+        prefix, limits = _prefix_and_limits(self, survival, limits)
+        draft_seconds = cost_model.draft_time(prefix.shape[0]) if prefix.shape[0] > 0 else 0.0
+        return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=False)
+
+
+@attrs.frozen
+class MinimumGainRule:
+    """Admit (r, j) in descending a_{r,j} while its marginal predicted gain a_{r,j} − ΔT / T(R, 1) is at
+    least ``min_gain`` (ΔT: the step time the admission adds on the rectangular forward); stop at the first
+    that is not (``minimum_gain_schedule``). Non-anticipating, hence lossless.
+
+    Its source, honestly: the issue called this a TensorRT-LLM rule. What TensorRT-LLM has
+    (``tensorrt_llm/_torch/speculative/dspark_planner.py``, ``compute_verify_token_budget``; NVIDIA/TensorRT-LLM
+    PR #17056) is different: a global argmax over budgets n of τ(n) / T(tokens) on the survival-sorted
+    candidates, which keeps the full block unless the argmax beats its goodput by the relative margin
+    ``minimum_predicted_gain`` (0.0 for direct constructors, 0.01 in profiled artifacts), computed from a
+    lagged host snapshot of the confidences. No per-candidate threshold and no 0.04 was found there; the
+    rule here is the per-candidate marginal-gain rule the issue described, with its default 0.04.
+    """
+
+    min_gain: float = attrs.field(default=0.04, validator=unit_interval())
+    max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
+    needs_survival = True
+
+    def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
+        """``minimum_gain_schedule`` of a = cumprod(c) on the cost model's step time."""
+        prefix, limits = _prefix_and_limits(self, survival, limits)
+        return minimum_gain_schedule(prefix, limits, cost_model.step_time, self.min_gain)
+
+
+def _prefix_and_limits(policy, survival: torch.Tensor | None, limits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a = cumprod(c) and the limits capped at the policy's ``max_draft_tokens``."""
+    name = type(policy).__name__
+    if survival is None:
+        raise ValueError(f"{name} needs survival estimates; configure a confidence estimator (confidence=...)")
+    if not isinstance(survival, torch.Tensor) or not survival.is_floating_point():
+        raise TypeError(f"survival must be a FloatTensor[R, γ] of c in [0, 1], got {_describe(survival)}")
+    if survival.dim() != 2:
+        raise ValueError(f"survival must be a FloatTensor[R, γ], got shape {tuple(survival.shape)}")
+    if not isinstance(limits, torch.Tensor):
+        raise TypeError(f"limits must be an integer tensor [R], got {_describe(limits)}")
+    if policy.max_draft_tokens is not None:
+        limits = limits.clamp_max(policy.max_draft_tokens)
+    return survival_products(survival), limits
+
+
+def _check_problem(prefix_survival: torch.Tensor, limits: torch.Tensor) -> None:
+    if not isinstance(prefix_survival, torch.Tensor) or not prefix_survival.is_floating_point():
+        raise TypeError(f"prefix_survival must be a FloatTensor[R, γ] of a in [0, 1], got {_describe(prefix_survival)}")
+    if prefix_survival.dim() != 2:
+        raise ValueError(f"prefix_survival must be a FloatTensor[R, γ], got shape {tuple(prefix_survival.shape)}")
+    if not isinstance(limits, torch.Tensor) or limits.is_floating_point() or limits.is_complex() or limits.dtype == torch.bool:
+        raise TypeError(f"limits must be an integer tensor [R], got {_describe(limits)}")
+    if tuple(limits.shape) != (prefix_survival.shape[0],):
+        raise ValueError(f"limits must have shape ({prefix_survival.shape[0]},) to match prefix_survival, got {tuple(limits.shape)}")
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} of shape {tuple(value.shape)}"
+    return repr(value)
+
+
+def _check_seconds(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _compute_dtype(prefix_survival: torch.Tensor) -> torch.dtype:
+    # Half-precision survival would round τ (up to R·(1+γ)) too coarsely to compare goodputs.
+    return torch.promote_types(prefix_survival.dtype, torch.float32)
+
+
+def _step_seconds(step_time: StepTime, rows: int, gamma: int, draft_seconds: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[T(R, 1), …, T(R, 1 + γ)] on ``device``, checked as Python floats before they move there."""
+    if not callable(step_time):
+        raise TypeError(f"step_time must be a callable (rows, tokens) -> seconds, got {step_time!r}")
+    seconds = [_check_seconds(f"step_time(R={rows}, tokens={1 + width})", step_time(rows, 1 + width)) for width in range(gamma + 1)]
+    if draft_seconds + seconds[0] <= 0:
+        raise ValueError(f"draft_seconds + step_time(R={rows}, 1) must be > 0 seconds, got {draft_seconds!r} + {seconds[0]!r}")
+    return torch.tensor(seconds, dtype=dtype, device=device)
+
+
+def _widths(candidates: Candidates) -> torch.Tensor:
+    """max ℓ after each prefix of the order, k = 0..N (ineligible candidates never widen the forward)."""
+    reached = torch.where(candidates.eligible, candidates.positions, torch.zeros_like(candidates.positions))
+    return torch.cat([reached.new_zeros(1), reached.cummax(dim=0).values])
+
+
+def _goodput(candidates: Candidates, rows: int, seconds: torch.Tensor, draft_seconds: float) -> torch.Tensor:
+    zero = torch.zeros(1, dtype=seconds.dtype, device=seconds.device)
+    gained = torch.where(candidates.eligible, candidates.values.to(seconds.dtype), zero)
+    tau = rows + torch.cat([zero, gained.cumsum(dim=0)])
+    theta = tau / (draft_seconds + seconds[_widths(candidates)])
+    ineligible = torch.cat([torch.zeros(1, dtype=torch.bool, device=seconds.device), ~candidates.eligible])
+    return theta.masked_fill(ineligible, -math.inf)
+
+
+def _leading_true(flags: torch.Tensor) -> torch.Tensor:
+    """How many leading entries of a 1-D bool tensor are True (a 0-d LongTensor, on its device)."""
+    return flags.long().cumprod(dim=0).sum()
+
+
+def _lengths(order_rows: torch.Tensor, count: torch.Tensor, rows: int) -> torch.Tensor:
+    """ℓ_r = how many of the first ``count`` candidates belong to row r (they form a prefix of its positions)."""
+    admitted = (torch.arange(order_rows.numel(), device=order_rows.device) < count).long()
+    return torch.zeros(rows, dtype=torch.long, device=order_rows.device).scatter_add_(0, order_rows, admitted)

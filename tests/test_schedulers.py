@@ -1,0 +1,366 @@
+"""Throughput-aware verify policies in dspark/verify/schedulers.py: Algorithm 1 on hand-made tables
+(the paper's Appendix A numbers included), its order, limits and early stop, properties over random
+problems, the vLLM and minimum-gain rules, and greedy equality with HF generate through the loop."""
+
+import math
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dspark
+from dspark.cost_models import ConstantCostModel
+from dspark.drafters import DraftModelDrafter
+from dspark.protocols import POLICY_HOOKS, check_hooks, hook
+from dspark.verify import DraftProbability, FixedLength
+from dspark.verify.schedulers import (
+    HardwareAwareScheduler,
+    MinimumGainRule,
+    VllmArgmaxRule,
+    candidate_order,
+    goodput_curve,
+    minimum_gain_schedule,
+    prefix_schedule,
+)
+from tests.conftest import build_model, left_padded_batch
+from tests.strategies import schedule_problems, step_curves
+
+
+def table(*seconds: float):
+    """step_time(rows, tokens) = seconds[tokens − 1], whatever the rows."""
+    return lambda rows, tokens: seconds[tokens - 1]
+
+
+@attrs.frozen
+class TableCostModel:
+    """A cost model from a table of step seconds by tokens per row, with a fixed drafting time."""
+
+    seconds: tuple[float, ...]
+    draft_seconds: float = 0.0
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        return self.seconds[tokens - 1]
+
+    def draft_time(self, rows: int) -> float:
+        return self.draft_seconds
+
+
+@attrs.frozen
+class LinearCostModel:
+    """T(R, w) = base + per_token · R · w: every token of the rectangular forward costs the same."""
+
+    base: float = 1.0
+    per_token: float = 0.01
+    draft_seconds: float = 0.0
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        return self.base + self.per_token * rows * tokens
+
+    def draft_time(self, rows: int) -> float:
+        return self.draft_seconds
+
+
+def full(rows: int, gamma: int) -> torch.Tensor:
+    return torch.full((rows,), gamma, dtype=torch.long)
+
+
+# Two rows, γ = 3: a = [[0.9, 0.72, 0.36], [0.6, 0.3, 0.27]], so the admission order is
+# (0,1) 0.9, (0,2) 0.72, (1,1) 0.6, (0,3) 0.36, (1,2) 0.3, (1,3) 0.27.
+TWO_ROWS = torch.tensor([[0.9, 0.8, 0.5], [0.6, 0.5, 0.9]], dtype=torch.float64).cumprod(dim=1)
+
+
+# ----------------------------------------------------------------------------- Algorithm 1 by hand
+
+
+@pytest.mark.parametrize("c2, goodputs, retrospective", [(0.9, [1.0, 0.9, 1.134], 2), (0.0, [1.0, 0.9, 0.81], 0)])
+def test_appendix_a_counterexample(c2, goodputs, retrospective):
+    """Appendix A (R = 1, a_1 = 0.8, SPS 1.0/0.5/0.45): Θ = 1.0, 0.9, then 1.134 or 0.81 by c_2; early stop
+    returns ℓ = 0 either way, the retrospective search returns 2 or 0, so x_1's admission depends on x_1."""
+    prefix = torch.tensor([[0.8, 0.8 * c2]], dtype=torch.float64)
+    sps = table(1 / 1.0, 1 / 0.5, 1 / 0.45)
+    assert goodput_curve(prefix, full(1, 2), sps).tolist() == pytest.approx(goodputs, rel=1e-12)
+    assert prefix_schedule(prefix, full(1, 2), sps).tolist() == [0]
+    assert prefix_schedule(prefix, full(1, 2), sps, early_stop=False).tolist() == [retrospective]
+
+
+def test_algorithm_1_on_two_rows():
+    """Θ rises through (0,1), (0,2), (1,1) and falls at (0,3), which needs a fourth column: ℓ = [2, 1]."""
+    sps = table(1.0, 1.1, 1.2, 2.0)
+    expected = [2 / 1.0, 2.9 / 1.1, 3.62 / 1.2, 4.22 / 1.2, 4.58 / 2.0, 4.88 / 2.0, 5.15 / 2.0]
+    assert goodput_curve(TWO_ROWS, full(2, 3), sps).tolist() == pytest.approx(expected, rel=1e-12)
+    assert prefix_schedule(TWO_ROWS, full(2, 3), sps).tolist() == [2, 1]
+
+
+def test_early_stop_and_retrospective_differ_past_a_cliff():
+    """The second column costs 50% more and the rest little: early stop verifies nothing, the best prefix everything."""
+    sps = table(1.0, 1.5, 1.5, 1.6)
+    assert prefix_schedule(TWO_ROWS, full(2, 3), sps).tolist() == [0, 0]
+    assert prefix_schedule(TWO_ROWS, full(2, 3), sps, early_stop=False).tolist() == [3, 3]
+
+
+def test_drafting_time_in_the_denominator_changes_the_decision():
+    """With one second of drafting the same cliff no longer stops Algorithm 1 (Θ rises at every admission)."""
+    cost = TableCostModel((1.0, 1.5, 1.5, 1.6), draft_seconds=1.0)
+    survival = torch.tensor([[0.9, 0.8, 0.5], [0.6, 0.5, 0.9]])
+    assert HardwareAwareScheduler().lengths(survival, cost, full(2, 3)).tolist() == [3, 3]
+    assert HardwareAwareScheduler(include_draft_cost=False).lengths(survival, cost, full(2, 3)).tolist() == [0, 0]
+
+
+def test_ties_go_to_the_smaller_position_then_the_smaller_row():
+    """Equal a: (0,1), (1,1), (0,2), then (1,2); a stop at (0,2) leaves both rows at ℓ = 1, not [2, 0] or [1, 0]."""
+    prefix = torch.tensor([[0.5, 0.5], [0.5, 0.25]])
+    order = candidate_order(prefix, full(2, 2))
+    assert list(zip(order.rows.tolist(), order.positions.tolist())) == [(0, 1), (1, 1), (0, 2), (1, 2)]
+    assert prefix_schedule(prefix, full(2, 2), table(1.0, 1.0, 5.0)).tolist() == [1, 1]
+
+
+def test_limits_are_respected():
+    """A row with limit 0 (or below) verifies nothing however sure; others stop at their limit; limits past γ are fine."""
+    prefix = torch.ones((4, 3))
+    lengths = prefix_schedule(prefix, torch.tensor([0, -1, 2, 7]), table(1.0, 1.0, 1.0, 1.0))
+    assert lengths.tolist() == [0, 0, 2, 3]
+
+
+def test_flat_curve_admits_every_positive_survival():
+    """Verification is free (ConstantCostModel): every eligible a > 0 is admitted, the zeros are not."""
+    survival = torch.tensor([[0.9, 0.5, 0.0], [0.2, 0.0, 0.7], [0.0, 0.5, 0.5], [1.0, 1.0, 1.0]])
+    limits = torch.tensor([3, 3, 3, 2])
+    assert HardwareAwareScheduler().lengths(survival, ConstantCostModel(), limits).tolist() == [2, 1, 0, 2]
+    assert prefix_schedule(survival.cumprod(dim=1), limits, ConstantCostModel().step_time, early_stop=False).tolist() == [2, 1, 0, 2]
+
+
+def test_steep_curve_admits_nothing():
+    """A second column that costs a million steps is never worth it, early stop or not."""
+    prefix = torch.ones((3, 4))
+    for early_stop in (True, False):
+        assert prefix_schedule(prefix, full(3, 4), lambda rows, tokens: 1.0 if tokens == 1 else 1e6, early_stop=early_stop).tolist() == [0, 0, 0]
+
+
+def test_zero_rows_and_zero_width():
+    """An empty batch or an empty draft gives ℓ = 0 without asking the cost model."""
+
+    def refuse(rows, tokens):
+        raise AssertionError("step_time must not be called")
+
+    assert prefix_schedule(torch.zeros((0, 3)), torch.zeros(0, dtype=torch.long), refuse).shape == (0,)
+    assert prefix_schedule(torch.zeros((2, 0)), full(2, 0), refuse).tolist() == [0, 0]
+    assert minimum_gain_schedule(torch.zeros((2, 0)), full(2, 0), refuse).tolist() == [0, 0]
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@given(schedule_problems(), step_curves(), st.floats(0.0, 5.0), st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_lengths_lie_within_limits(problem, curve, draft_seconds, early_stop):
+    """0 ≤ ℓ_r ≤ min(limits[r], γ) for Algorithm 1 (both modes) and the minimum-gain rule, on any curve."""
+    survival, limits = problem
+    prefix = survival.cumprod(dim=1)
+    seconds, _ = curve
+    cap = limits.clamp(0, prefix.shape[1])
+    for lengths in (
+        prefix_schedule(prefix, limits, table(*seconds), draft_seconds, early_stop=early_stop),
+        minimum_gain_schedule(prefix, limits, table(*seconds), min_gain=0.04),
+    ):
+        assert lengths.dtype == torch.long and bool((lengths >= 0).all()) and bool((lengths <= cap).all())
+
+
+@given(schedule_problems())
+@settings(max_examples=150, deadline=None)
+def test_each_row_is_admitted_in_prefix_order(problem):
+    """In the admission order every row's eligible positions appear as 1, 2, 3, … (so admitted sets are prefixes)."""
+    survival, limits = problem
+    prefix = survival.cumprod(dim=1)
+    order = candidate_order(prefix, limits)
+    eligible_count = int(order.eligible.sum())
+    assert bool(order.eligible[:eligible_count].all()), "eligible candidates come first"
+    for row in range(prefix.shape[0]):
+        positions = order.positions[:eligible_count][order.rows[:eligible_count] == row].tolist()
+        assert positions == list(range(1, len(positions) + 1))
+    assert bool((order.values[:eligible_count][:-1] >= order.values[:eligible_count][1:]).all())
+
+
+@given(schedule_problems(), step_curves(), st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_a_steeper_curve_never_admits_more(problem, curve, early_stop):
+    """T'(w) = T(w)·2^{e_w} with e_w non-decreasing (every extra column relatively dearer): ℓ' ≤ ℓ row by row."""
+    survival, limits = problem
+    prefix = survival.cumprod(dim=1)
+    seconds, doublings = curve
+    steeper = [value * 2.0**exponent for value, exponent in zip(seconds, doublings)]
+    cheap = prefix_schedule(prefix, limits, table(*seconds), early_stop=early_stop)
+    dear = prefix_schedule(prefix, limits, table(*steeper), early_stop=early_stop)
+    assert bool((dear <= cheap).all())
+
+
+@given(schedule_problems(), step_curves(), st.floats(0.0, 5.0))
+@settings(max_examples=150, deadline=None)
+def test_early_stop_never_admits_more_than_the_retrospective_search(problem, curve, draft_seconds):
+    """Θ rises strictly up to the early stop, so the best prefix is at least as long: ℓ_early ≤ ℓ_retrospective."""
+    survival, limits = problem
+    prefix = survival.cumprod(dim=1)
+    seconds, _ = curve
+    early = prefix_schedule(prefix, limits, table(*seconds), draft_seconds)
+    retrospective = prefix_schedule(prefix, limits, table(*seconds), draft_seconds, early_stop=False)
+    assert bool((early <= retrospective).all())
+
+
+@given(schedule_problems(), step_curves(), st.floats(0.0, 5.0))
+@settings(max_examples=100, deadline=None)
+def test_vllm_rule_is_the_argmax_over_budgets(problem, curve, draft_seconds):
+    """VllmArgmaxRule equals a brute-force first argmax over b of (R + top-b sum) / (D + T(R, 1 + widest of the top b))."""
+    survival, limits = problem
+    seconds, _ = curve
+    order = candidate_order(survival.cumprod(dim=1), limits)
+    rows = survival.shape[0]
+    best, best_budget = -math.inf, 0
+    for budget in range(int(order.eligible.sum()) + 1):
+        width = max(order.positions[:budget].tolist(), default=0)
+        goodput = (rows + sum(order.values[:budget].tolist())) / (draft_seconds + seconds[width])
+        if goodput > best:
+            best, best_budget = goodput, budget
+    expected = torch.zeros(rows, dtype=torch.long).index_add_(0, order.rows[:best_budget], torch.ones(best_budget, dtype=torch.long))
+    assert torch.equal(VllmArgmaxRule().lengths(survival, TableCostModel(tuple(seconds), draft_seconds), limits), expected)
+
+
+# ----------------------------------------------------------------------------- the engine rules by hand
+
+
+def test_vllm_rule_looks_past_the_cliff_that_stops_algorithm_1():
+    """A dear second column: Algorithm 1 stops at once, vLLM's argmax over budgets takes the best three candidates."""
+    cost = TableCostModel((1.0, 1.8, 1.8, 3.0), draft_seconds=0.2)
+    survival = torch.tensor([[0.9, 0.8, 0.5], [0.6, 0.5, 0.9]], dtype=torch.float64)
+    # Θ_b = 2/1.2, 2.9/2.0, 3.62/2.0, 4.22/2.0, 4.58/3.2, 4.88/3.2, 5.15/3.2: the maximum is at b = 3.
+    assert VllmArgmaxRule().lengths(survival, cost, full(2, 3)).tolist() == [2, 1]
+    assert HardwareAwareScheduler().lengths(survival, cost, full(2, 3)).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("min_gain, expected", [(0.04, [2, 1]), (0.65, [2, 0]), (0.75, [1, 0]), (0.0, [2, 1]), (1.0, [0, 0])])
+def test_minimum_gain_rule_by_hand(min_gain, expected):
+    """Gains a − ΔT/T(R,1) in order (T(R,1) = 2 s): 0.9 − 0.1, 0.72, 0.6, then 0.36 − 0.4 for the fourth column;
+    stop at the first below min_gain."""
+    cost = TableCostModel((2.0, 2.2, 2.2, 3.0))
+    survival = torch.tensor([[0.9, 0.8, 0.5], [0.6, 0.5, 0.9]], dtype=torch.float64)
+    assert MinimumGainRule(min_gain).lengths(survival, cost, full(2, 3)).tolist() == expected
+
+
+def test_policies_cap_lengths_at_their_max_draft_tokens(target):
+    """max_draft_tokens caps ℓ (and is what wrap reads as γ)."""
+    survival = torch.ones((2, 4))
+    for policy in (HardwareAwareScheduler(max_draft_tokens=2), VllmArgmaxRule(max_draft_tokens=2), MinimumGainRule(max_draft_tokens=2)):
+        assert policy.lengths(survival, ConstantCostModel(), full(2, 4)).tolist() == [2, 2]
+        check_hooks(policy, POLICY_HOOKS, "policy")
+        assert hook(policy, "needs_survival", POLICY_HOOKS) is True and hook(policy, "max_draft_tokens", POLICY_HOOKS) == 2
+    speculative = dspark.wrap(target, DraftModelDrafter(target), policy=HardwareAwareScheduler(max_draft_tokens=3), confidence=DraftProbability())
+    assert speculative.strategy.max_draft_tokens == 3
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("policy", [HardwareAwareScheduler(), VllmArgmaxRule(), MinimumGainRule()])
+def test_policies_need_survival(policy):
+    """Without a confidence estimator the policies refuse, naming themselves."""
+    with pytest.raises(ValueError, match=type(policy).__name__):
+        policy.lengths(None, ConstantCostModel(), torch.tensor([2]))
+
+
+@pytest.mark.parametrize(
+    "arguments, error, match",
+    [
+        ((torch.tensor([[1, 1]]), full(1, 2)), TypeError, "prefix_survival"),
+        ((torch.ones(3), full(3, 1)), ValueError, "prefix_survival"),
+        ((torch.ones((2, 2)), torch.ones(2)), TypeError, "limits"),
+        ((torch.ones((2, 2)), full(3, 2)), ValueError, r"limits must have shape \(2,\)"),
+    ],
+)
+def test_bad_problems_are_refused(arguments, error, match):
+    """Wrong types and shapes of prefix_survival and limits are refused by name."""
+    with pytest.raises(error, match=match):
+        prefix_schedule(*arguments, table(1.0, 1.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    "step_time, draft_seconds, match",
+    [
+        (table(1.0, math.nan, 1.0), 0.0, r"step_time\(R=2, tokens=2\)"),
+        (table(1.0, -1.0, 1.0), 0.0, r"step_time\(R=2, tokens=2\)"),
+        (table(0.0, 1.0, 1.0), 0.0, "must be > 0"),
+        (table(1.0, 1.0, 1.0), -0.5, "draft_seconds"),
+        (table(1.0, 1.0, 1.0), math.inf, "draft_seconds"),
+    ],
+)
+def test_bad_costs_are_refused(step_time, draft_seconds, match):
+    """Step times must be finite and ≥ 0, drafting time too, and a step must take some time."""
+    with pytest.raises(ValueError, match=match):
+        prefix_schedule(torch.ones((2, 2)), full(2, 2), step_time, draft_seconds)
+
+
+def test_bad_arguments_are_refused():
+    """A non-callable step_time, a non-bool early_stop and a non-finite min_gain are refused."""
+    with pytest.raises(TypeError, match="step_time"):
+        prefix_schedule(torch.ones((1, 2)), full(1, 2), 1.0)
+    with pytest.raises(TypeError, match="early_stop"):
+        prefix_schedule(torch.ones((1, 2)), full(1, 2), table(1.0, 1.0, 1.0), early_stop=1)
+    with pytest.raises(ValueError, match="min_gain"):
+        minimum_gain_schedule(torch.ones((1, 2)), full(1, 2), table(1.0, 1.0, 1.0), min_gain=math.nan)
+    with pytest.raises(ValueError, match="must be > 0"):
+        minimum_gain_schedule(torch.ones((1, 2)), full(1, 2), table(0.0, 1.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    "factory, value, error",
+    [
+        (lambda value: HardwareAwareScheduler(max_draft_tokens=value), -1, ValueError),
+        (lambda value: HardwareAwareScheduler(max_draft_tokens=value), 1.5, TypeError),
+        (lambda value: HardwareAwareScheduler(include_draft_cost=value), "yes", TypeError),
+        (lambda value: VllmArgmaxRule(max_draft_tokens=value), -2, ValueError),
+        (lambda value: MinimumGainRule(min_gain=value), 1.5, ValueError),
+        (lambda value: MinimumGainRule(min_gain=value), -0.1, ValueError),
+    ],
+)
+def test_bad_policy_fields_are_refused(factory, value, error):
+    """Bad fields raise (TypeError for a wrong type, ValueError out of range) with the value in the message."""
+    with pytest.raises(error, match=repr(value)):
+        factory(value)
+
+
+# ----------------------------------------------------------------------------- through the loop
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build_model("llama")
+
+
+@pytest.mark.parametrize("drafter_kind", ["other-model", "self"])
+@pytest.mark.parametrize("policy", [HardwareAwareScheduler(), VllmArgmaxRule(), MinimumGainRule()], ids=["hardware-aware", "vllm-argmax", "minimum-gain"])
+def test_greedy_output_equals_hf_generate(target, policy, drafter_kind):
+    """Mixed prompt lengths, a linear cost curve: ℓ takes several values and the output equals HF greedy generate."""
+    drafter = DraftModelDrafter(build_model("llama", seed=2) if drafter_kind == "other-model" else target)
+    input_ids, attention_mask = left_padded_batch([5, 9, 3, 7], seed=1)
+    result = dspark.wrap(target, drafter, policy=policy, confidence=DraftProbability(), cost_model=LinearCostModel(), max_draft_tokens=4).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=24, eos_token_id=[]
+    )
+    expected = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(result.sequences, expected)
+    assert torch.cat(result.stats.verify_lengths).unique().numel() >= 2, "the policy must vary ℓ"
+    if drafter_kind == "self":
+        assert result.stats.tau > 1.5, "self-drafting must accept drafts, exercising the cache rollback of partial verification"
+
+
+def test_greedy_output_with_a_flat_curve_verifies_every_draft(target):
+    """ConstantCostModel: Algorithm 1 verifies, step by step, exactly what FixedLength(γ) verifies, and equals HF greedy."""
+    input_ids, attention_mask = left_padded_batch([6, 2], seed=3)
+    drafter_model = build_model("llama", seed=2)
+    results = [
+        dspark.wrap(target, DraftModelDrafter(drafter_model), policy=policy, confidence=DraftProbability(), cost_model=ConstantCostModel(), max_draft_tokens=3)
+        .generate(input_ids, attention_mask=attention_mask, max_new_tokens=10, eos_token_id=[])
+        for policy in (HardwareAwareScheduler(), FixedLength(3))
+    ]
+    expected = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(results[0].sequences, expected)
+    scheduled, fixed = (torch.cat(result.stats.verify_lengths) for result in results)
+    assert torch.equal(scheduled, fixed) and int(scheduled.max()) == 3
