@@ -199,3 +199,13 @@ def step_curves(draw, max_width: int = 5):
     doublings = [sum(steps[: index + 1]) for index in range(len(steps))]
     return seconds, doublings
 
+
+@st.composite
+def cost_grids(draw, max_size: int = 5):
+    """(rows, tokens, step_seconds): strictly increasing grids of ints ≥ 1 and a noisy table of
+    seconds [len(rows)][len(tokens)] (often not monotone, sometimes with ties and zeros)."""
+    rows = tuple(sorted(draw(st.sets(st.integers(1, 64), min_size=1, max_size=max_size))))
+    tokens = tuple(sorted(draw(st.sets(st.integers(1, 16), min_size=1, max_size=max_size))))
+    value = st.one_of(st.just(0.0), st.floats(0.001, 10.0), st.sampled_from([0.5, 1.0]))
+    seconds = [[draw(value) for _ in tokens] for _ in rows]
+    return rows, tokens, seconds

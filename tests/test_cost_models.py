@@ -1,9 +1,37 @@
-"""Cost models in dspark/cost_models/."""
+"""Cost models in dspark/cost_models/: constant, profiled (table, monotone surface, measuring and its
+cache), roofline, online correction, and SGLang's SPS table format."""
+
+import json
+import math
 
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dspark.cost_models import ConstantCostModel
+from dspark.cost_models import (
+    DEVICES,
+    ConstantCostModel,
+    CostTable,
+    DeviceSpec,
+    OnlineCorrectedCostModel,
+    ProfiledCostModel,
+    RooflineCostModel,
+    from_sglang_sps,
+    interpolate_monotone,
+    load_sglang_sps,
+    measure_cpu_spec,
+    monotone_envelope,
+    profile_key,
+    save_sglang_sps,
+    to_sglang_sps,
+)
+from dspark.cost_models import profiled as profiled_module
+from dspark.drafters import PromptLookupDrafter
+from dspark.fast_path import FastPath
 from dspark.protocols import CostModel
+from tests.conftest import build_model, tiny_semi_ar_drafter
+from tests.strategies import cost_grids
 
 
 def test_constant_cost_model_ignores_batch_shape():
@@ -18,3 +46,536 @@ def test_negative_times_are_refused():
     """Negative seconds are a ValueError naming the field."""
     with pytest.raises(ValueError, match="step_seconds"):
         ConstantCostModel(step_seconds=-1.0)
+
+
+# -- shared helpers ----------------------------------------------------------------------------
+
+PROPERTY = settings(max_examples=60, deadline=None, derandomize=True)
+GRID = dict(rows=(1, 2, 4), tokens=(1, 2, 4))
+
+
+def _table(function, rows=GRID["rows"], tokens=GRID["tokens"], **extra) -> CostTable:
+    """A CostTable with t(R, T) = function(R, T) on the grid."""
+    return CostTable(rows=rows, tokens=tokens, step_seconds=[[function(r, t) for t in tokens] for r in rows], **extra)
+
+
+def _linear_in_batch(rows: float, tokens: float) -> float:
+    """10 ms of overhead plus 2 ms per token of the batch: what a compute-bound engine looks like."""
+    return 0.01 + 0.002 * rows * tokens
+
+
+# -- profiled: the monotone surface ----------------------------------------------------------
+
+
+@PROPERTY
+@given(cost_grids())
+def test_interpolation_is_exact_at_grid_points_of_a_monotone_table(grid):
+    """At every grid point the surface equals the table once the table is monotone (its envelope)."""
+    rows, tokens, seconds = grid
+    envelope = monotone_envelope(seconds)
+    for i, row_count in enumerate(rows):
+        for j, token_count in enumerate(tokens):
+            assert interpolate_monotone(rows, tokens, envelope, row_count, token_count) == pytest.approx(envelope[i][j], abs=1e-12)
+
+
+@PROPERTY
+@given(cost_grids(), st.lists(st.floats(0.0, 200.0), min_size=2, max_size=2), st.floats(0.0, 200.0))
+def test_interpolation_is_monotone_in_rows_and_tokens(grid, pair, other):
+    """Inside, below and beyond the grid, a larger rows or tokens value never gives fewer seconds."""
+    rows, tokens, seconds = grid
+    low, high = sorted(pair)
+
+    def surface(row_count, token_count):
+        return interpolate_monotone(rows, tokens, seconds, row_count, token_count)
+
+    assert surface(low, other) <= surface(high, other) + 1e-12
+    assert surface(other, low) <= surface(other, high) + 1e-12
+    assert surface(low, low) <= surface(high, high) + 1e-12
+    far = 1000.0  # far beyond the grid, where the extrapolated slopes decide
+    assert surface(far, low) <= surface(far, high) + 1e-9 and surface(low, far) <= surface(high, far) + 1e-9
+
+
+@PROPERTY
+@given(cost_grids())
+def test_envelope_is_the_smallest_monotone_table_above_the_measurements(grid):
+    """monotone_envelope(t)[i][j] is the largest measurement at or below (i, j) along both axes."""
+    _, _, seconds = grid
+    envelope = monotone_envelope(seconds)
+    for i, row in enumerate(envelope):
+        for j, value in enumerate(row):
+            assert value == max(seconds[a][b] for a in range(i + 1) for b in range(j + 1))
+
+
+def test_a_noisy_table_never_makes_a_larger_batch_cheaper():
+    """Measured dips (2 rows cheaper than 1, 4 tokens cheaper than 2) are raised to the smaller batch's time."""
+    table = CostTable(rows=(1, 2, 4), tokens=(1, 2, 4), step_seconds=[[0.05, 0.09, 0.07], [0.04, 0.10, 0.12], [0.20, 0.15, 0.30]])
+    assert monotone_envelope(table.step_seconds) == [[0.05, 0.09, 0.09], [0.05, 0.10, 0.12], [0.20, 0.20, 0.30]]
+    model = ProfiledCostModel(table)
+    assert model.step_time(2, 1) == 0.05 and model.step_time(1, 4) == 0.09 and model.step_time(4, 2) == 0.20
+    assert model.step_time(3, 1) == pytest.approx((0.05 + 0.20) / 2)  # bilinear between the raised points
+
+
+def test_interpolation_is_bilinear_between_grid_points():
+    """Halfway between grid points in both axes the surface is the mean of the cell's four corners."""
+    table = CostTable(rows=(2, 4), tokens=(2, 6), step_seconds=[[1.0, 2.0], [3.0, 7.0]])
+    assert interpolate_monotone(table.rows, table.tokens, table.step_seconds, 3, 4) == pytest.approx((1 + 2 + 3 + 7) / 4)
+    assert interpolate_monotone(table.rows, table.tokens, table.step_seconds, 2, 3) == pytest.approx(1.25)
+
+
+def test_extrapolation_is_linear_above_the_grid_and_constant_below():
+    """Beyond the grid t = a + b·R·T is continued exactly (slopes and the cross term); below it, the smallest point's time."""
+    model = ProfiledCostModel(_table(_linear_in_batch))
+    for rows, tokens in [(16, 1), (1, 16), (16, 8), (64, 64), (3, 12)]:
+        assert model.step_time(rows, tokens) == pytest.approx(_linear_in_batch(rows, tokens))
+    table = _table(_linear_in_batch, rows=(2, 4), tokens=(2, 4))
+    assert interpolate_monotone(table.rows, table.tokens, table.step_seconds, 1, 1) == pytest.approx(_linear_in_batch(2, 2))
+
+
+def test_extrapolation_stays_monotone_where_the_last_slopes_shrink():
+    """When the last rows segment rises less at more tokens, the slope used beyond the grid is raised to stay monotone."""
+    # rows 1→2 adds 1.0 s at 1 token but 0.5 s at 2 tokens: unmodified, extrapolating far in rows would cross.
+    model = ProfiledCostModel(CostTable(rows=(1, 2), tokens=(1, 2), step_seconds=[[1.0, 2.0], [2.0, 2.5]]))
+    for rows in (3, 10, 100):
+        assert model.step_time(rows, 1) <= model.step_time(rows, 2)
+
+
+def test_draft_time_comes_from_the_table_or_is_zero():
+    """draft_time interpolates draft_seconds over draft_rows (monotone, linear beyond); 0 without drafting times."""
+    table = _table(_linear_in_batch, draft_rows=(1, 4), draft_seconds=(0.004, 0.002))
+    model = ProfiledCostModel(table)
+    assert model.draft_time(1) == 0.004 and model.draft_time(4) == 0.004  # the dip at 4 rows is raised
+    with_slope = ProfiledCostModel(_table(_linear_in_batch, draft_rows=(1, 3), draft_seconds=(0.002, 0.004)))
+    assert with_slope.draft_time(2) == pytest.approx(0.003) and with_slope.draft_time(5) == pytest.approx(0.006)
+    assert ProfiledCostModel(_table(_linear_in_batch)).draft_time(8) == 0.0
+
+
+def test_profiled_cost_model_implements_the_protocol_and_checks_arguments():
+    """ProfiledCostModel is a CostModel; rows and tokens must be ints >= 1, named in the error."""
+    model = ProfiledCostModel(_table(_linear_in_batch))
+    assert isinstance(model, CostModel)
+    with pytest.raises(ValueError, match="rows"):
+        model.step_time(0, 1)
+    with pytest.raises(TypeError, match="tokens"):
+        model.step_time(1, 1.5)
+    with pytest.raises(ValueError, match="rows"):
+        model.draft_time(0)
+    with pytest.raises(ValueError, match="tokens"):
+        interpolate_monotone((1,), (1,), [[1.0]], 1, -1)
+
+
+# -- profiled: the table and its JSON --------------------------------------------------------
+
+
+def test_cost_table_json_round_trip(tmp_path):
+    """to_dict/from_dict and save/load give back an equal table (key and drafting times included) through real JSON."""
+    table = _table(_linear_in_batch, draft_rows=(1, 2), draft_seconds=(0.001, 0.002), key={"model": "tiny", "threads": 2})
+    data = json.loads(json.dumps(table.to_dict()))
+    assert data["format_version"] == 1
+    assert CostTable.from_dict(data) == table and CostTable.from_dict(data).key == table.key
+    ProfiledCostModel(table).save(tmp_path / "table.json")
+    loaded = ProfiledCostModel.load(tmp_path / "table.json")
+    assert loaded.table == table and loaded.step_time(3, 3) == ProfiledCostModel(table).step_time(3, 3)
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        ({"format_version": 2}, ValueError, "format_version"),
+        ({"format_version": None}, ValueError, "format_version"),
+        ({"rows": None}, TypeError, "rows"),
+    ],
+)
+def test_from_dict_refuses_other_versions_and_bad_fields(change, error, message):
+    """from_dict refuses another format_version and bad fields, naming them."""
+    data = {**_table(_linear_in_batch).to_dict(), **change}
+    with pytest.raises(error, match=message):
+        CostTable.from_dict(data)
+
+
+def test_from_dict_names_missing_fields():
+    """A dict without step_seconds is refused with the field's name."""
+    data = _table(_linear_in_batch).to_dict()
+    del data["step_seconds"]
+    with pytest.raises(ValueError, match="step_seconds"):
+        CostTable.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    "arguments, error, message",
+    [
+        ({"rows": (2, 1)}, ValueError, "rows must be a non-empty sequence of strictly increasing"),
+        ({"rows": ()}, ValueError, "rows"),
+        ({"rows": (0, 1)}, ValueError, "rows"),
+        ({"rows": (True, 2)}, TypeError, "rows"),
+        ({"tokens": (1, 1)}, ValueError, "tokens"),
+        ({"tokens": "12"}, TypeError, "tokens"),
+        ({"step_seconds": [[0.1, 0.2]]}, ValueError, "step_seconds must have one entry per rows value"),
+        ({"step_seconds": [[0.1], [0.2]]}, ValueError, r"step_seconds\[0\] must hold 2 seconds"),
+        ({"step_seconds": [[0.1, -0.2], [0.2, 0.3]]}, ValueError, r"step_seconds\[0\]\[1\]"),
+        ({"step_seconds": [[0.1, math.nan], [0.2, 0.3]]}, ValueError, r"step_seconds\[0\]\[1\]"),
+        ({"step_seconds": [[0.1, "0.2"], [0.2, 0.3]]}, TypeError, r"step_seconds\[0\]\[1\]"),
+        ({"draft_rows": (1, 2)}, ValueError, "draft_rows and draft_seconds must both be given"),
+        ({"draft_rows": (1, 2), "draft_seconds": (0.1,)}, ValueError, "draft_seconds must hold 2"),
+        ({"draft_rows": (1, 2), "draft_seconds": (0.1, math.inf)}, ValueError, r"draft_seconds\[1\]"),
+        ({"key": {"model": object()}}, TypeError, "key must hold only JSON values"),
+        ({"key": {1: "a"}}, TypeError, "key must be a dict with str keys"),
+    ],
+)
+def test_cost_table_refuses_bad_fields(arguments, error, message):
+    """Unsorted or non-int grids, wrong shapes, negative or non-finite seconds, half-given drafting times and non-JSON keys are refused by name."""
+    fields = {"rows": (1, 2), "tokens": (1, 2), "step_seconds": [[0.1, 0.2], [0.2, 0.3]], **arguments}
+    with pytest.raises(error, match=message):
+        CostTable(**fields)
+
+
+# -- profiled: measuring and the cache -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build_model("llama")
+
+
+def test_profile_measures_once_then_loads_the_cache(target, tmp_path, monkeypatch):
+    """A first profile measures and writes <hash>.json under cache_dir; a second with the same key and grid measures nothing."""
+    calls = {"cost_curve": 0, "draft": 0}
+    measure_curve, measure_draft = profiled_module.cost_curve, profiled_module._draft_seconds
+
+    def counted_curve(*args, **kwargs):
+        calls["cost_curve"] += 1
+        return measure_curve(*args, **kwargs)
+
+    def counted_draft(*args, **kwargs):
+        calls["draft"] += 1
+        return measure_draft(*args, **kwargs)
+
+    monkeypatch.setattr(profiled_module, "cost_curve", counted_curve)
+    monkeypatch.setattr(profiled_module, "_draft_seconds", counted_draft)
+    settings_ = dict(drafter=PromptLookupDrafter(), rows=(1, 2), tokens=(1, 3), context=8, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False)
+    first = ProfiledCostModel.profile(target, **settings_)
+    assert calls == {"cost_curve": 1, "draft": 2}
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and CostTable.load(files[0]) == first.table
+    assert first.table.key == profile_key(target, PromptLookupDrafter(), context=8, repeats=1, fast_path=False, max_draft_tokens=4)
+    assert all(seconds > 0 for row in first.table.step_seconds for seconds in row)
+    assert first.table.draft_rows == (1, 2) and all(seconds > 0 for seconds in first.table.draft_seconds)
+
+    second = ProfiledCostModel.profile(target, **settings_)
+    assert calls == {"cost_curve": 1, "draft": 2}
+    assert second.table == first.table
+
+    ProfiledCostModel.profile(target, **{**settings_, "tokens": (1, 2)})  # another grid is another table
+    assert calls["cost_curve"] == 2 and len(list(tmp_path.glob("*.json"))) == 2
+
+
+def test_profile_measures_again_over_a_damaged_or_foreign_cache_file(target, tmp_path):
+    """An unreadable cache file, or one measured with another key, is measured over rather than trusted."""
+    settings_ = dict(rows=(1,), tokens=(1,), context=4, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False)
+    first = ProfiledCostModel.profile(target, **settings_)
+    (path,) = tmp_path.glob("*.json")
+    path.write_text("{not json")
+    assert ProfiledCostModel.profile(target, **settings_).table.key == first.table.key
+    foreign = CostTable(rows=(1,), tokens=(1,), step_seconds=[[123.0]], key={"model": "another"})
+    foreign.save(path)
+    assert ProfiledCostModel.profile(target, **settings_).table.step_seconds != ((123.0,),)
+
+
+def test_profile_times_a_drafter_that_reads_target_features(target, tmp_path):
+    """A drafter with target_layers (the semi-AR drafter) is started, fed the target's features and timed."""
+    drafter = tiny_semi_ar_drafter(target, max_draft_tokens=3)
+    model = ProfiledCostModel.profile(target, drafter, rows=(1, 3), tokens=(1, 4), context=6, repeats=2, fast_path=False,
+                                      cache_dir=tmp_path, progress=False)
+    assert model.table.key["drafter"].startswith("SemiARDrafter") and model.table.key["max_draft_tokens"] == 3
+    assert all(seconds > 0 for seconds in model.table.draft_seconds) and model.draft_time(2) > 0
+
+
+def test_profile_runs_the_forwards_on_a_given_fast_path(target, tmp_path):
+    """With a FastPath instance the timed forwards are routed through it (it has measured their shapes) and the key says so."""
+    path = FastPath()
+    model = ProfiledCostModel.profile(target, rows=(2,), tokens=(3,), context=4, repeats=1, fast_path=path, cache_dir=tmp_path, progress=False)
+    assert model.table.key["fast_path"] is True
+    assert 6 in {choice.rows for choice in path.choices()}
+
+
+@pytest.mark.parametrize(
+    "arguments, error, message",
+    [
+        ({"rows": (4, 2)}, ValueError, "rows"),
+        ({"tokens": ()}, ValueError, "tokens"),
+        ({"context": 0}, ValueError, "context"),
+        ({"repeats": 0}, ValueError, "repeats"),
+        ({"fast_path": "yes"}, TypeError, "fast_path"),
+        ({"drafter": PromptLookupDrafter(), "max_draft_tokens": 0}, ValueError, "max_draft_tokens"),
+    ],
+)
+def test_profile_refuses_bad_arguments(target, tmp_path, arguments, error, message):
+    """profile refuses bad grids, context, repeats, fast_path and draft width before measuring anything."""
+    with pytest.raises(error, match=message):
+        ProfiledCostModel.profile(target, cache_dir=tmp_path, progress=False, **arguments)
+    assert not list(tmp_path.iterdir())
+
+
+# -- roofline --------------------------------------------------------------------------------
+
+
+SLOW_DEVICE = DeviceSpec("test", memory_bandwidth=1e9, peak_flops={"float32": 1e9}, overhead_seconds=0.01)
+
+
+def test_roofline_is_the_slower_of_memory_and_compute_plus_overhead():
+    """1e8 weight bytes at 1 GB/s take 0.1 s; 1e6 FLOPs per token at 1 GFLOP/s take 1 ms a token; overhead 10 ms."""
+    model = RooflineCostModel(parameter_bytes=1e8, flops_per_token=1e6, device=SLOW_DEVICE, dtype="float32")
+    assert isinstance(model, CostModel)
+    assert model.step_time(1, 1) == pytest.approx(0.01 + 0.1)  # memory-bound: weights read once
+    assert model.step_time(10, 10) == pytest.approx(0.01 + 0.1)  # 100 tokens: 0.1 s of compute, a tie
+    assert model.step_time(20, 10) == pytest.approx(0.01 + 0.2)  # compute-bound beyond
+    with_cache = RooflineCostModel(parameter_bytes=1e8, flops_per_token=1e6, device=SLOW_DEVICE, dtype="float32",
+                                   kv_bytes_per_token=1e3, context=1000, draft_seconds=0.005)
+    assert with_cache.step_time(50, 1) == pytest.approx(0.01 + (1e8 + 1e3 * 1000 * 50) / 1e9)  # every row reads its cache
+    assert with_cache.draft_time(7) == 0.005
+
+
+def test_roofline_for_a_model_counts_its_weights_products_and_cache():
+    """for_model: P = 4 bytes per float32 parameter, F = 2 per parameter in a product, K from the config; bfloat16 halves the bytes."""
+    model = build_model("llama")  # untied: the input embedding is a lookup
+    count = sum(parameter.numel() for parameter in model.parameters())
+    embedding = model.get_input_embeddings().weight.numel()
+    roofline = RooflineCostModel.for_model(model, "h200", context=100)
+    assert roofline.parameter_bytes == 4 * count and roofline.flops_per_token == 2 * (count - embedding)
+    assert roofline.kv_bytes_per_token == 2 * 2 * 2 * 8 * 4  # keys and values × 2 layers × 2 KV heads × head width 8 × 4 bytes
+    assert roofline.dtype == "float32" and roofline.device == DEVICES["h200"] and roofline.context == 100
+    assert RooflineCostModel.for_model(model, "h200", dtype=torch.bfloat16).parameter_bytes == 2 * count
+    tied = build_model("gpt2")  # GPT-2 ties its LM head to the input embedding: every weight is in a product
+    tied_count = sum(parameter.numel() for parameter in tied.parameters())
+    assert RooflineCostModel.for_model(tied, "h100-sxm").flops_per_token == 2 * tied_count
+
+
+def test_shipped_devices_carry_the_data_sheet_numbers():
+    """H100 SXM: 3.35 TB/s, H200: 4.8 TB/s, both 989 TFLOP/s dense BF16; this-cpu was measured (all positive)."""
+    assert DEVICES["h100-sxm"].memory_bandwidth == 3.35e12 and DEVICES["h200"].memory_bandwidth == 4.8e12
+    assert DEVICES["h100-sxm"].peak("bfloat16") == DEVICES["h200"].peak(torch.bfloat16) == 989e12
+    cpu = DEVICES["this-cpu"]
+    assert cpu.memory_bandwidth > 0 and cpu.peak("float32") > 0 and cpu.overhead_seconds > 0
+
+
+def test_measure_cpu_spec_measures_bandwidth_flops_and_overhead():
+    """A small measure_cpu_spec run gives positive bandwidth, float32 and bfloat16 peaks and overhead."""
+    spec = measure_cpu_spec("mine", copy_megabytes=4, matrix_size=64, repeats=1)
+    assert spec.name == "mine" and spec.memory_bandwidth > 0 and spec.overhead_seconds > 0
+    assert set(spec.peak_flops) == {"float32", "bfloat16"} and all(value > 0 for value in spec.peak_flops.values())
+
+
+@pytest.mark.parametrize(
+    "build, error, message",
+    [
+        (lambda: DeviceSpec("x", memory_bandwidth=0, peak_flops={"float32": 1.0}), ValueError, "memory_bandwidth"),
+        (lambda: DeviceSpec("x", memory_bandwidth=1.0, peak_flops={}), TypeError, "peak_flops"),
+        (lambda: DeviceSpec("x", memory_bandwidth=1.0, peak_flops={"float32": -1.0}), ValueError, "peak_flops"),
+        (lambda: DeviceSpec("x", memory_bandwidth=1.0, peak_flops={"float32": 1.0}, overhead_seconds=-1), ValueError, "overhead_seconds"),
+        (lambda: RooflineCostModel(1.0, 1.0, "tpu-v9"), ValueError, "device must be a DeviceSpec or one of"),
+        (lambda: RooflineCostModel(1.0, 1.0, SLOW_DEVICE, dtype="bfloat16"), ValueError, "dtype must be one of"),
+        (lambda: RooflineCostModel(0, 1.0, SLOW_DEVICE, dtype="float32"), ValueError, "parameter_bytes"),
+        (lambda: RooflineCostModel(1.0, 1.0, SLOW_DEVICE, dtype="float32", context=-1), ValueError, "context"),
+        (lambda: RooflineCostModel(1.0, 1.0, SLOW_DEVICE, dtype="float32").step_time(1, 0), ValueError, "tokens"),
+        (lambda: RooflineCostModel.for_model("model", "h200"), TypeError, "model"),
+        (lambda: measure_cpu_spec(repeats=0), ValueError, "repeats"),
+    ],
+)
+def test_roofline_refuses_bad_specs(build, error, message):
+    """Non-positive bandwidth or peaks, negative overhead, unknown devices or dtypes and bad arguments are refused by name."""
+    with pytest.raises(error, match=message):
+        build()
+
+
+# -- online correction ----------------------------------------------------------------------
+
+
+def test_online_correction_converges_to_observed_times():
+    """Steps observed at twice the base's time pull that cell's prediction to within 1% of the observation."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.1)
+    assert isinstance(model, CostModel) and model.step_time(4, 3) == 0.1
+    for _ in range(60):
+        model.observe_step(4, 3, 0.2)
+    assert model.step_time(4, 3) == pytest.approx(0.2, rel=0.01)
+    assert model.step_correction(4, 3) == pytest.approx(2.0, rel=0.01)
+    assert model.step_time(1, 1) == pytest.approx(0.2, rel=0.01)  # unobserved cells follow the global correction
+
+
+def test_online_correction_is_per_cell_and_stays_monotone():
+    """A cell observed faster than the rest keeps its own correction, and no larger batch drops below it."""
+    base = ProfiledCostModel(_table(_linear_in_batch))
+    model = OnlineCorrectedCostModel(base, smoothing=0.5)
+    for _ in range(30):
+        model.observe_step(1, 1, 0.5 * base.step_time(1, 1))
+        model.observe_step(4, 4, 3.0 * base.step_time(4, 4))
+    assert model.step_time(1, 1) == pytest.approx(0.5 * base.step_time(1, 1), rel=1e-3)
+    assert model.step_time(4, 4) == pytest.approx(3.0 * base.step_time(4, 4), rel=1e-3)
+    # (5, 4) is an unobserved cell whose own correction (the global one, ≈1.75) would make it cheaper than (4, 4).
+    assert model.step_time(5, 4) >= model.step_time(4, 4)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    cost_grids(),
+    st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.floats(0.0, 5.0)), max_size=12),
+    st.sampled_from([0.1, 0.5, 1.0]),
+)
+def test_online_correction_stays_monotone_for_any_observations(grid, observations, smoothing):
+    """After any stream of observations over any (possibly noisy) base, step_time never decreases in rows or tokens."""
+    rows, tokens, seconds = grid
+    model = OnlineCorrectedCostModel(ProfiledCostModel(CostTable(rows=rows, tokens=tokens, step_seconds=seconds)), smoothing=smoothing)
+    for row_count, token_count, observed in observations:
+        model.observe_step(row_count, token_count, observed)
+    points_rows, points_tokens = (1, 2, 3, 5, 8, 16, 17, 24, 40), (1, 2, 3, 5, 9, 12)
+    values = [[model.step_time(r, t) for t in points_tokens] for r in points_rows]
+    for i, row in enumerate(values):
+        assert row == sorted(row)
+        if i:
+            assert all(upper >= lower for upper, lower in zip(row, values[i - 1]))
+
+
+def test_online_draft_correction_learns_seconds_where_the_base_knows_none():
+    """With a base drafting time of 0 the observed seconds themselves are smoothed, and more rows never cost less."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.2)
+    assert model.draft_time(4) == 0.0
+    for _ in range(40):
+        model.observe_draft(4, 0.03)
+        model.observe_draft(1, 0.01)
+    assert model.draft_time(4) == pytest.approx(0.03, rel=1e-3) and model.draft_time(1) == pytest.approx(0.01, rel=1e-3)
+    assert model.draft_time(8) >= model.draft_time(4)
+    scaled = OnlineCorrectedCostModel(ConstantCostModel(draft_seconds=0.01), smoothing=1.0)
+    scaled.observe_draft(2, 0.03)
+    assert scaled.draft_time(2) == pytest.approx(0.03) and scaled.report()["draft_correction"] == pytest.approx(3.0)
+
+
+def test_online_correction_memory_is_bounded():
+    """Rows and tokens share power-of-two buckets above 16, so thousands of distinct batches fill few cells."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1))
+    for rows in range(1, 1025):
+        model.observe_step(rows, 1 + rows % 40, 0.1)
+    assert model.report()["step_cells"] <= (16 + 7) * (16 + 2)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: OnlineCorrectedCostModel(object()), TypeError, "base must be a CostModel"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel(), smoothing=0), ValueError, "smoothing"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel(), smoothing=1.5), ValueError, "smoothing"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(0, 1, 0.1), ValueError, "rows"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(1, 1, -0.1), ValueError, "seconds"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(1, 1, "0.1"), TypeError, "seconds"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_draft(1, math.nan), ValueError, "seconds"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel()).step_time(1, 0), ValueError, "tokens"),
+    ],
+)
+def test_online_correction_refuses_bad_input(call, error, message):
+    """A base that is not a cost model, smoothing outside (0, 1], bad rows/tokens and negative or non-numeric seconds are refused by name."""
+    with pytest.raises(error, match=message):
+        call()
+
+
+# -- SGLang's SPS table ------------------------------------------------------------------------
+
+
+def test_sglang_export_has_sglangs_schema():
+    """The export holds exactly SGLang's three fields: strictly increasing B = rows·tokens, SPS non-increasing, the ceiling."""
+    data = to_sglang_sps(_table(_linear_in_batch))
+    assert set(data) == {"sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens"}
+    assert data["sample_batch_tokens"] == [1, 2, 4, 8, 16]
+    assert data["sample_steps_per_sec"] == pytest.approx([1 / _linear_in_batch(1, b) for b in (1, 2, 4, 8, 16)])
+    assert data["max_batch_tokens"] == 16
+    assert to_sglang_sps(_table(_linear_in_batch), max_batch_tokens=256)["max_batch_tokens"] == 256
+    only_two_rows = to_sglang_sps(_table(_linear_in_batch), rows=2)
+    assert only_two_rows["sample_batch_tokens"] == [2, 4, 8]
+
+
+def test_sglang_export_keeps_the_slowest_split_of_a_batch_and_never_lets_sps_rise():
+    """B = 4 measured as 4×1 (0.3 s) and 1×4 (0.2 s) exports 0.3 s; a later B measured quicker is raised to it."""
+    table = CostTable(rows=(1, 4), tokens=(1, 4), step_seconds=[[0.1, 0.2], [0.3, 0.35]])
+    data = to_sglang_sps(table)
+    assert data["sample_batch_tokens"] == [1, 4, 16]
+    assert data["sample_steps_per_sec"] == pytest.approx([10.0, 1 / 0.3, 1 / 0.35])
+    quicker_later = CostTable(rows=(1, 2), tokens=(1, 3), step_seconds=[[0.1, 0.5], [0.6, 0.7]])  # B = 1, 3 | 2, 6
+    assert to_sglang_sps(quicker_later)["sample_batch_tokens"] == [1, 2, 3, 6]
+    assert to_sglang_sps(quicker_later)["sample_steps_per_sec"] == pytest.approx([10.0, 1 / 0.6, 1 / 0.6, 1 / 0.7])
+
+
+def test_sglang_round_trip_is_exact_when_time_depends_on_batch_tokens_alone():
+    """A table whose time grows with R·T alone comes back equal at every grid point, by SGLang's floor lookup."""
+    table = _table(_linear_in_batch)
+    back = from_sglang_sps(json.loads(json.dumps(to_sglang_sps(table))), rows=table.rows, tokens=table.tokens)
+    assert back.rows == table.rows and back.tokens == table.tokens
+    for got, want in zip(back.step_seconds, table.step_seconds):
+        assert got == pytest.approx(want, rel=1e-12)
+    assert back.draft_rows is None and back.key == {"source": "sglang SpsCostTable", "max_batch_tokens": 16}
+
+
+@PROPERTY
+@given(cost_grids())
+def test_sglang_round_trip_is_never_quicker_than_the_envelope(grid):
+    """Any table comes back from SGLang's format at least as slow as its monotone envelope at every grid point."""
+    rows, tokens, seconds = grid
+    table = CostTable(rows=rows, tokens=tokens, step_seconds=[[value + 0.01 for value in row] for row in seconds])
+    back = from_sglang_sps(to_sglang_sps(table), rows=rows, tokens=tokens)
+    for got_row, envelope_row in zip(back.step_seconds, monotone_envelope(table.step_seconds)):
+        assert all(got >= want * (1 - 1e-12) for got, want in zip(got_row, envelope_row))
+
+
+def test_sglang_import_floors_to_the_largest_probe_and_clamps():
+    """t(R, T) = 1 / SPS at the largest probe ≤ R·T, the first probe below it and the last above it, as SGLang looks up."""
+    data = {"sample_batch_tokens": [2, 4, 16], "sample_steps_per_sec": [100, 50.0, 10.0], "max_batch_tokens": 64}
+    table = from_sglang_sps(data, rows=(1, 2, 8), tokens=(1, 3))
+    assert table.step_seconds == ((0.01, 0.01), (0.01, 0.02), (0.02, 0.1))  # B = 1, 3 | 2, 6 | 8, 24
+
+
+def test_sglang_import_reads_the_additive_form():
+    """A file with bias_seconds is SGLang's additive table: t(R, T) = bias + α(R) + θ(R·T), linear between probes and clamped."""
+    data = {"bias_seconds": 0.01, "bs_probes": [1, 4], "alpha_seconds": [0.0, 0.003], "m_probes": [1, 9], "theta_seconds": [0.0, 0.008]}
+    table = from_sglang_sps(data, rows=(1, 2, 8), tokens=(1, 3))
+    assert table.step_seconds[0] == pytest.approx((0.01, 0.01 + 0.002))
+    assert table.step_seconds[1] == pytest.approx((0.01 + 0.001 + 0.001, 0.01 + 0.001 + 0.005))
+    assert table.step_seconds[2] == pytest.approx((0.01 + 0.003 + 0.007, 0.01 + 0.003 + 0.008))
+
+
+def test_sglang_files_round_trip(tmp_path):
+    """save_sglang_sps writes the JSON SGLang reads; load_sglang_sps reads it back into the same table."""
+    table = _table(_linear_in_batch)
+    save_sglang_sps(table, tmp_path / "sps.json")
+    assert json.loads((tmp_path / "sps.json").read_text()) == to_sglang_sps(table)
+    loaded = load_sglang_sps(tmp_path / "sps.json", rows=table.rows, tokens=table.tokens)
+    for got, want in zip(loaded.step_seconds, table.step_seconds):
+        assert got == pytest.approx(want, rel=1e-12)
+
+
+GOOD_SPS = {"sample_batch_tokens": [1, 4], "sample_steps_per_sec": [10.0, 5.0], "max_batch_tokens": 8}
+
+
+@pytest.mark.parametrize(
+    "data, error, message",
+    [
+        ([1, 2], TypeError, "data must be a mapping"),
+        ({**GOOD_SPS, "sample_batch_tokens": [4, 1]}, ValueError, "sample_batch_tokens must be strictly increasing"),
+        ({**GOOD_SPS, "sample_batch_tokens": []}, ValueError, "sample_batch_tokens"),
+        ({**GOOD_SPS, "sample_batch_tokens": [0, 4]}, ValueError, "sample_batch_tokens"),
+        ({**GOOD_SPS, "sample_steps_per_sec": [10.0]}, ValueError, "sample_steps_per_sec must be a list of 2"),
+        ({**GOOD_SPS, "sample_steps_per_sec": [10.0, 0.0]}, ValueError, "sample_steps_per_sec"),
+        ({**GOOD_SPS, "max_batch_tokens": 2}, ValueError, "max_batch_tokens"),
+        ({"sample_batch_tokens": [1], "sample_steps_per_sec": [1.0]}, ValueError, r"missing the field\(s\) \['max_batch_tokens'\]"),
+        ({"bias_seconds": 0.0, "bs_probes": [1], "alpha_seconds": [0.0], "m_probes": [1], "theta_seconds": [0.0]}, ValueError, "bias_seconds"),
+        ({"bias_seconds": 0.1, "bs_probes": [1]}, ValueError, "SpsAdditiveCostTable"),
+    ],
+)
+def test_sglang_import_refuses_what_sglang_would(data, error, message):
+    """Unsorted, empty or mismatched probes, non-positive SPS, a ceiling below the last probe and missing fields are refused by name."""
+    with pytest.raises(error, match=message):
+        from_sglang_sps(data)
+
+
+def test_sglang_export_refuses_rows_outside_the_table_and_zero_times():
+    """Exporting rows the table does not hold, or a step time of 0 (infinite SPS), is refused by name."""
+    with pytest.raises(ValueError, match="rows must be among the table's rows"):
+        to_sglang_sps(_table(_linear_in_batch), rows=3)
+    with pytest.raises(ValueError, match="step times > 0"):
+        to_sglang_sps(_table(lambda rows, tokens: 0.0))
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        to_sglang_sps(_table(_linear_in_batch), max_batch_tokens=4)

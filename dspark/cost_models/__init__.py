@@ -1,5 +1,25 @@
 """Cost models: seconds per target forward and per drafting pass."""
 
 from dspark.cost_models.constant import ConstantCostModel
+from dspark.cost_models.online import OnlineCorrectedCostModel
+from dspark.cost_models.profiled import CostTable, ProfiledCostModel, interpolate_monotone, monotone_envelope, profile_key
+from dspark.cost_models.roofline import DEVICES, DeviceSpec, RooflineCostModel, measure_cpu_spec
+from dspark.cost_models.sglang import from_sglang_sps, load_sglang_sps, save_sglang_sps, to_sglang_sps
 
-__all__ = ["ConstantCostModel"]
+__all__ = [
+    "ConstantCostModel",
+    "CostTable",
+    "DEVICES",
+    "DeviceSpec",
+    "OnlineCorrectedCostModel",
+    "ProfiledCostModel",
+    "RooflineCostModel",
+    "from_sglang_sps",
+    "interpolate_monotone",
+    "load_sglang_sps",
+    "measure_cpu_spec",
+    "monotone_envelope",
+    "profile_key",
+    "save_sglang_sps",
+    "to_sglang_sps",
+]

@@ -1,0 +1,201 @@
+"""A cost model that learns, while generating, how far another one is off on this machine.
+
+Notation: t₀(R, T) and d₀(R) are the wrapped (base) model's step and drafting times for R rows of
+T new tokens; a cell is a pair (bucket(R), bucket(T)) with ``bucket(n)`` = n up to 16, else the
+next power of two (``dspark.fast_path.row_bucket``), so the cells, and the memory, stay bounded
+whatever the batch. Each observation of a step that took s seconds where the base predicted
+p = t₀(R, T) > 0 updates its cell's correction k ← k + α·(s/p − k) (exponential smoothing,
+α = ``smoothing``), and the global correction g the same way; a cell's k starts at g the first time
+it is observed, and g at 1. The corrected time of a point in a cell is h = t₀(R, T)·k (g for a
+cell never observed); where the base predicts 0 (a cost model that knows no drafting time), a cell
+instead smooths the observed seconds themselves, and unobserved ones take the global average.
+
+A larger batch must never look cheaper, or a scheduler would verify more than it should, so the
+answer is the cumulative maximum of h over all (R', T') ≤ (R, T). Within a cell the correction
+is one number and t₀ is monotone, so that maximum is attained at one corner per cell — the
+smaller of the cell's top and the query along each axis — and it takes one base evaluation
+per cell below the query. Answers are cached until the next observation.
+
+dspark's loop feeds it after every step, through the optional cost-model hooks
+``observe_step(rows, tokens, seconds)`` with the step's rows, its verify width (1 + max ℓ) and
+``StepRecord.verify_seconds``, and ``observe_draft(rows, seconds)`` with
+``StepRecord.draft_seconds``. Both are host wall-clock times that include what the loop does
+around the forward and the drafter (the acceptance rule; estimating and scheduling), so the
+corrected model learns the whole cost a step's choice incurs, not the bare forward.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+from dspark.checks import check_int
+from dspark.fast_path import row_bucket
+from dspark.protocols import CostModel
+
+__all__ = ["OnlineCorrectedCostModel"]
+
+# Answers and base evaluations kept between observations; the caches are emptied when they reach this.
+_CACHE_LIMIT = 4096
+
+
+def _buckets_up_to(count: int) -> list[int]:
+    """Every bucket ≤ bucket(count), in order: 1..16, then 32, 64, ..."""
+    top = row_bucket(count)
+    buckets = list(range(1, min(top, 16) + 1))
+    bucket = 32
+    while bucket <= top:
+        buckets.append(bucket)
+        bucket *= 2
+    return buckets
+
+
+def _check_seconds(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+class _Cell:
+    """What one cell (or the whole surface) has learnt: a smoothed ratio observed/predicted, and
+    smoothed seconds for points where the base predicts 0."""
+
+    __slots__ = ("ratio", "seconds")
+
+    def __init__(self, ratio: float | None = None, seconds: float | None = None):
+        self.ratio, self.seconds = ratio, seconds
+
+
+def _smooth(current: float | None, value: float, smoothing: float, start: float | None) -> float:
+    """One step of exponential smoothing from ``current`` (or from ``start``, or ``value`` itself, when there is none yet)."""
+    if current is None:
+        current = value if start is None else start
+    return current + smoothing * (value - current)
+
+
+class _CorrectedSurface:
+    """h = base·k per cell, answered as its cumulative maximum (module docstring)."""
+
+    def __init__(self, base: Callable[[int, int], float], smoothing: float):
+        self.base = base
+        self.smoothing = smoothing
+        self.cells: dict[tuple[int, int], _Cell] = {}
+        self.overall = _Cell(ratio=1.0)
+        self._answers: dict[tuple[int, int], float] = {}
+        self._base_values: dict[tuple[int, int], float] = {}
+
+    def _base(self, rows: int, tokens: int) -> float:
+        value = self._base_values.get((rows, tokens))
+        if value is None:
+            if len(self._base_values) >= _CACHE_LIMIT:
+                self._base_values.clear()
+            value = self._base_values[(rows, tokens)] = float(self.base(rows, tokens))
+        return value
+
+    def observe(self, rows: int, tokens: int, seconds: float) -> None:
+        key = (row_bucket(rows), row_bucket(tokens))
+        cell = self.cells.get(key)
+        if cell is None:
+            cell = self.cells[key] = _Cell()
+        predicted = self._base(rows, tokens)
+        if predicted > 0:
+            ratio = seconds / predicted
+            cell.ratio = _smooth(cell.ratio, ratio, self.smoothing, start=self.overall.ratio)
+            self.overall.ratio = _smooth(self.overall.ratio, ratio, self.smoothing, start=None)
+        else:
+            cell.seconds = _smooth(cell.seconds, seconds, self.smoothing, start=self.overall.seconds)
+            self.overall.seconds = _smooth(self.overall.seconds, seconds, self.smoothing, start=None)
+        self._answers.clear()
+
+    def _corrected(self, key: tuple[int, int], rows: int, tokens: int) -> float:
+        """h at the point (rows, tokens) of cell ``key``."""
+        base = self._base(rows, tokens)
+        cell = self.cells.get(key)
+        if base > 0:
+            ratio = cell.ratio if cell is not None and cell.ratio is not None else self.overall.ratio
+            return base * ratio
+        if cell is not None and cell.seconds is not None:
+            return cell.seconds
+        return self.overall.seconds if self.overall.seconds is not None else 0.0
+
+    def __call__(self, rows: int, tokens: int) -> float:
+        answer = self._answers.get((rows, tokens))
+        if answer is not None:
+            return answer
+        # One corner per cell at or below the query's: the cell's top, or the query where the cell holds it.
+        row_corners = [(bucket, min(bucket, rows)) for bucket in _buckets_up_to(rows)]
+        token_corners = [(bucket, min(bucket, tokens)) for bucket in _buckets_up_to(tokens)]
+        answer = max(
+            self._corrected((row_cell, token_cell), row_count, token_count)
+            for row_cell, row_count in row_corners
+            for token_cell, token_count in token_corners
+        )
+        if len(self._answers) >= _CACHE_LIMIT:
+            self._answers.clear()
+        self._answers[(rows, tokens)] = answer
+        return answer
+
+
+class OnlineCorrectedCostModel:
+    """``base`` (any ``CostModel``) times a correction learnt from observed step and drafting times.
+
+    ``smoothing`` α in (0, 1] is the weight of each new observation in a cell's correction (module
+    docstring). ``step_time``/``draft_time`` stay non-decreasing in rows and tokens whatever is
+    observed, given a base that is (every cost model in dspark is). ``base`` is assumed fixed: its
+    answers are cached.
+    """
+
+    def __init__(self, base: CostModel, smoothing: float = 0.1):
+        if not isinstance(base, CostModel):
+            raise TypeError(f"base must be a CostModel (step_time(rows, tokens) and draft_time(rows)), got {type(base).__name__}")
+        if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real) or not 0 < smoothing <= 1:
+            raise ValueError(f"smoothing must be a number in (0, 1], got {smoothing!r}")
+        self.base = base
+        self.smoothing = float(smoothing)
+        self._steps = _CorrectedSurface(base.step_time, self.smoothing)
+        self._drafts = _CorrectedSurface(lambda rows, tokens: base.draft_time(rows), self.smoothing)
+
+    def __repr__(self) -> str:
+        return f"OnlineCorrectedCostModel({self.base!r}, smoothing={self.smoothing})"
+
+    def observe_step(self, rows: int, tokens: int, seconds: float) -> None:
+        """Learn that a target forward over ``rows`` rows of ``tokens`` new tokens took ``seconds``."""
+        check_int("rows", rows, 1)
+        check_int("tokens", tokens, 1)
+        self._steps.observe(rows, tokens, _check_seconds("seconds", seconds))
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        """Learn that a drafting pass for ``rows`` rows took ``seconds``."""
+        check_int("rows", rows, 1)
+        self._drafts.observe(rows, 1, _check_seconds("seconds", seconds))
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        """The base's step time, corrected, and never less than that of a smaller batch."""
+        check_int("rows", rows, 1)
+        check_int("tokens", tokens, 1)
+        return self._steps(rows, tokens)
+
+    def draft_time(self, rows: int) -> float:
+        """The base's drafting time, corrected, and never less than that of fewer rows."""
+        check_int("rows", rows, 1)
+        return self._drafts(rows, 1)
+
+    def step_correction(self, rows: int, tokens: int) -> float:
+        """The correction k of the cell holding (``rows``, ``tokens``): the global one g while it is unobserved."""
+        check_int("rows", rows, 1)
+        check_int("tokens", tokens, 1)
+        cell = self._steps.cells.get((row_bucket(rows), row_bucket(tokens)))
+        return cell.ratio if cell is not None and cell.ratio is not None else self._steps.overall.ratio
+
+    def report(self) -> dict:
+        """What has been learnt: the global step and drafting corrections and how many cells were observed."""
+        return {
+            "step_correction": self._steps.overall.ratio,
+            "draft_correction": self._drafts.overall.ratio,
+            "draft_seconds": self._drafts.overall.seconds,
+            "step_cells": len(self._steps.cells),
+            "draft_cells": len(self._drafts.cells),
+        }

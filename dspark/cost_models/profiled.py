@@ -1,0 +1,537 @@
+"""A cost model read from a table of measured step times, interpolated monotonically.
+
+Notation: a target forward runs R rows of T new tokens each (dspark's verify forward is a
+rectangular [R, T] batch, padded); t(R, T) is its measured time in seconds and d(R) the time of one
+drafting pass for R rows. A :class:`CostTable` holds t on a grid ``rows`` × ``tokens`` (and d on
+``draft_rows``); :class:`ProfiledCostModel` answers ``step_time(R, T)`` and ``draft_time(R)`` for any
+R, T ≥ 1 from it.
+
+Between grid points the surface is bilinear, after the table is replaced by its monotone envelope
+(the cumulative maximum along rows, then along tokens: the smallest table ≥ the measured one that
+never decreases along either axis). Measured noise can make a bigger batch look cheaper than a
+smaller one; a scheduler that believed it would verify more tokens than it should, so the envelope
+never lets it. Below the grid the surface is constant (a smaller batch than any measured costs what
+the smallest measured one does: fixed per-forward overhead dominates there); above the grid it
+continues linearly with the last segment's slopes (compute-bound forwards grow linearly in rows
+and tokens, and a clamp would make big batches look free), with those slopes made non-decreasing
+along the other axis so the extrapolation stays monotone too.
+
+``ProfiledCostModel.profile`` measures a table on the running machine with
+``dspark.cost_models.profiling.cost_curve`` (target forwards over random KV caches) and times the
+drafter's ``propose`` on a synthetic context, and caches the table as JSON keyed by what the timings
+depend on (model, parameter count, device, dtype, threads, torch version, grid and settings).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import numbers
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import torch
+
+from dspark.checks import check_int
+from dspark.cost_models.profiling import cost_curve
+from dspark.fast_path import FastPath, on_cpu
+from dspark.protocols import DRAFTER_HOOKS, hook
+from dspark.types import DraftContext, GenerationStart, SamplingConfig, StepOutcome
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CostTable",
+    "ProfiledCostModel",
+    "interpolate_monotone",
+    "monotone_envelope",
+    "profile_key",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The version of ``CostTable.to_dict``'s layout; ``from_dict`` refuses others.
+FORMAT_VERSION = 1
+
+
+# -- validation -------------------------------------------------------------------------------
+
+
+def _check_grid(name: str, values) -> tuple[int, ...]:
+    """``values`` as a tuple of strictly increasing ints >= 1, at least one."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a non-empty sequence of strictly increasing ints >= 1, got {values!r}")
+    grid = tuple(values)
+    for value in grid:
+        check_int(f"every entry of {name}", value, 1)
+    if not grid or any(later <= earlier for earlier, later in zip(grid, grid[1:])):
+        raise ValueError(f"{name} must be a non-empty sequence of strictly increasing ints >= 1, got {list(grid)!r}")
+    return grid
+
+
+def _check_seconds(name: str, value) -> float:
+    """``value`` as a float if it is a finite real number >= 0 (seconds)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_row(name: str, values, length: int) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a sequence of {length} seconds, got {values!r}")
+    if len(values) != length:
+        raise ValueError(f"{name} must hold {length} seconds, got {len(values)}: {list(values)!r}")
+    return tuple(_check_seconds(f"{name}[{index}]", value) for index, value in enumerate(values))
+
+
+def _check_table(rows: tuple[int, ...], tokens: tuple[int, ...], seconds) -> tuple[tuple[float, ...], ...]:
+    if isinstance(seconds, (str, bytes)) or not isinstance(seconds, Sequence):
+        raise TypeError(f"step_seconds must be a sequence of {len(rows)} sequences of {len(tokens)} seconds, got {seconds!r}")
+    if len(seconds) != len(rows):
+        raise ValueError(f"step_seconds must have one entry per rows value ({len(rows)}), got {len(seconds)}")
+    return tuple(_check_row(f"step_seconds[{index}]", row, len(tokens)) for index, row in enumerate(seconds))
+
+
+def _check_key(instance, attribute, value) -> None:
+    if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
+        raise TypeError(f"key must be a dict with str keys, got {value!r}")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"key must hold only JSON values (str, int, float, bool, None, lists, dicts), got {value!r}") from error
+
+
+# -- the table --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CostTable:
+    """Measured seconds per target forward on a grid, and optionally per drafting pass.
+
+    ``step_seconds[i][j]`` is t(``rows[i]``, ``tokens[j]``); ``draft_seconds[i]`` is d(``draft_rows[i]``)
+    (both None when no drafter was timed). ``key`` says what the timings depend on (see
+    ``profile_key``); it is copied, and JSON-serialisable.
+    """
+
+    rows: tuple[int, ...] = attrs.field(converter=lambda value: _check_grid("rows", value))
+    tokens: tuple[int, ...] = attrs.field(converter=lambda value: _check_grid("tokens", value))
+    step_seconds: tuple[tuple[float, ...], ...]
+    draft_rows: tuple[int, ...] | None = attrs.field(default=None, converter=lambda value: None if value is None else _check_grid("draft_rows", value))
+    draft_seconds: tuple[float, ...] | None = None
+    key: dict = attrs.field(factory=dict, converter=lambda value: dict(value) if isinstance(value, Mapping) else value, validator=_check_key, hash=False)
+
+    def __attrs_post_init__(self):
+        # Fields validated against each other, then stored as tuples of floats.
+        object.__setattr__(self, "step_seconds", _check_table(self.rows, self.tokens, self.step_seconds))
+        if (self.draft_rows is None) != (self.draft_seconds is None):
+            raise ValueError(
+                f"draft_rows and draft_seconds must both be given or both be None, got draft_rows={self.draft_rows!r}, "
+                f"draft_seconds={self.draft_seconds!r}"
+            )
+        if self.draft_rows is not None:
+            object.__setattr__(self, "draft_seconds", _check_row("draft_seconds", self.draft_seconds, len(self.draft_rows)))
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict with ``format_version``; ``from_dict`` reads it back."""
+        return {
+            "format_version": FORMAT_VERSION,
+            "rows": list(self.rows),
+            "tokens": list(self.tokens),
+            "step_seconds": [list(row) for row in self.step_seconds],
+            "draft_rows": None if self.draft_rows is None else list(self.draft_rows),
+            "draft_seconds": None if self.draft_seconds is None else list(self.draft_seconds),
+            "key": dict(self.key),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "CostTable":
+        """The table ``to_dict`` wrote; refuses another ``format_version`` or a missing field by name."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"data must be a mapping from CostTable.to_dict, got {type(data).__name__}")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(f"format_version must be {FORMAT_VERSION}, got {version!r}")
+        missing = [name for name in ("rows", "tokens", "step_seconds") if name not in data]
+        if missing:
+            raise ValueError(f"data is missing the field(s) {missing} of a CostTable")
+        return cls(
+            rows=data["rows"], tokens=data["tokens"], step_seconds=data["step_seconds"],
+            draft_rows=data.get("draft_rows"), draft_seconds=data.get("draft_seconds"), key=data.get("key") or {},
+        )
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``to_dict`` as JSON to ``path`` (atomically: a reader never sees half a file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        os.replace(scratch, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CostTable":
+        """The table ``save`` wrote to ``path``."""
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# -- the monotone surface ---------------------------------------------------------------------
+
+
+def monotone_envelope(seconds: Sequence[Sequence[float]]) -> list[list[float]]:
+    """The smallest table ≥ ``seconds`` that never decreases along either axis: entry (i, j) is the
+    largest measurement at (i', j') with i' ≤ i and j' ≤ j (a cumulative max along rows, then tokens;
+    the second pass keeps the first's order because a max of ordered columns stays ordered)."""
+    envelope = [list(map(float, row)) for row in seconds]
+    for i in range(1, len(envelope)):
+        envelope[i] = [max(value, below) for value, below in zip(envelope[i], envelope[i - 1])]
+    for row in envelope:
+        for j in range(1, len(row)):
+            row[j] = max(row[j], row[j - 1])
+    return envelope
+
+
+def _cumulative_max(values: list[float]) -> tuple[float, ...]:
+    result, running = [], -math.inf
+    for value in values:
+        running = max(running, value)
+        result.append(running)
+    return tuple(result)
+
+
+def _locate(grid: tuple[float, ...], value: float) -> tuple[int, float]:
+    """(i, u) with ``value`` = (1 − u)·grid[i] + u·grid[i + 1], u in [0, 1]; ``value`` must lie on the grid's span."""
+    if len(grid) == 1:
+        return 0, 0.0
+    i = min(bisect.bisect_right(grid, value) - 1, len(grid) - 2)
+    return i, (value - grid[i]) / (grid[i + 1] - grid[i])
+
+
+def _linear(grid: tuple[float, ...], values: tuple[float, ...], value: float) -> float:
+    i, u = _locate(grid, value)
+    return values[i] if u == 0.0 else (1.0 - u) * values[i] + u * values[i + 1]
+
+
+@attrs.frozen
+class _Surface:
+    """f(x, y) over a monotone grid ``z`` on ``x`` × ``y``: bilinear inside, constant below, linear
+    above with slopes ``slope_x`` (per y, made non-decreasing in y), ``slope_y`` (per x, likewise)
+    and the cross term ``twist`` ≥ 0 where both coordinates are beyond the grid."""
+
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+    z: tuple[tuple[float, ...], ...]
+    slope_x: tuple[float, ...]
+    slope_y: tuple[float, ...]
+    twist: float
+
+    @classmethod
+    def build(cls, x: Sequence[float], y: Sequence[float], seconds: Sequence[Sequence[float]]) -> "_Surface":
+        z = monotone_envelope(seconds)
+        x, y = tuple(map(float, x)), tuple(map(float, y))
+        n, m = len(x), len(y)
+        # Beyond the grid each axis continues with its last segment's slope; making the slope along
+        # one axis non-decreasing along the other keeps f monotone there (f = base + slope·distance,
+        # both terms non-decreasing).
+        slope_x = [(z[n - 1][j] - z[n - 2][j]) / (x[n - 1] - x[n - 2]) if n > 1 else 0.0 for j in range(m)]
+        slope_y = [(z[i][m - 1] - z[i][m - 2]) / (y[m - 1] - y[m - 2]) if m > 1 else 0.0 for i in range(n)]
+        twist = 0.0
+        if n > 1 and m > 1:
+            # The last cell's cross term: it makes t = a·R·T (compute-bound) extrapolate exactly.
+            cross = z[n - 1][m - 1] - z[n - 2][m - 1] - z[n - 1][m - 2] + z[n - 2][m - 2]
+            twist = max(0.0, cross / ((x[n - 1] - x[n - 2]) * (y[m - 1] - y[m - 2])))
+        return cls(x, y, tuple(map(tuple, z)), _cumulative_max(slope_x), _cumulative_max(slope_y), twist)
+
+    def __call__(self, x: float, y: float) -> float:
+        x_in = min(max(x, self.x[0]), self.x[-1])
+        y_in = min(max(y, self.y[0]), self.y[-1])
+        i, u = _locate(self.x, x_in)
+        j, v = _locate(self.y, y_in)
+        z = self.z
+        i1, j1 = min(i + 1, len(self.x) - 1), min(j + 1, len(self.y) - 1)
+        inside = (1 - u) * ((1 - v) * z[i][j] + v * z[i][j1]) + u * ((1 - v) * z[i1][j] + v * z[i1][j1])
+        beyond_x, beyond_y = max(0.0, x - self.x[-1]), max(0.0, y - self.y[-1])
+        if beyond_x == 0.0 and beyond_y == 0.0:
+            return inside
+        return (
+            inside
+            + _linear(self.y, self.slope_x, y_in) * beyond_x
+            + _linear(self.x, self.slope_y, x_in) * beyond_y
+            + self.twist * beyond_x * beyond_y
+        )
+
+
+def _check_point(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def interpolate_monotone(
+    rows_grid: Sequence[int], tokens_grid: Sequence[int], seconds: Sequence[Sequence[float]], rows: float, tokens: float
+) -> float:
+    """t(``rows``, ``tokens``) from ``seconds`` [len(rows_grid)][len(tokens_grid)] on that grid:
+    bilinear over the table's monotone envelope, constant below the grid, linear above (see the
+    module docstring). Non-decreasing in ``rows`` and in ``tokens``; exact at grid points of a table
+    that is already monotone."""
+    rows_grid, tokens_grid = _check_grid("rows_grid", rows_grid), _check_grid("tokens_grid", tokens_grid)
+    seconds = _check_table(rows_grid, tokens_grid, seconds)
+    return _Surface.build(rows_grid, tokens_grid, seconds)(_check_point("rows", rows), _check_point("tokens", tokens))
+
+
+# -- measuring --------------------------------------------------------------------------------
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return model.get_output_embeddings().weight.device
+
+
+def _device_name(device: torch.device) -> str:
+    """The device type and, where known, the processor or accelerator model (timings differ between them)."""
+    if device.type == "cuda":
+        return f"cuda {torch.cuda.get_device_name(device)}"
+    if device.type == "cpu":
+        processor = platform.processor()
+        cpuinfo = Path("/proc/cpuinfo")
+        if cpuinfo.is_file():
+            names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+            processor = names[0] if names else processor
+        return f"cpu {processor}".strip()
+    return device.type
+
+
+def _parameter_count(part) -> int | None:
+    """Parameters of ``part`` if it is a module, else of the modules among its attributes; None for neither."""
+    if isinstance(part, torch.nn.Module):
+        modules = [part]
+    else:
+        modules = [value for value in getattr(part, "__dict__", {}).values() if isinstance(value, torch.nn.Module)]
+    if not modules:
+        return None
+    seen = {id(parameter): parameter.numel() for module in modules for parameter in module.parameters()}
+    return sum(seen.values())
+
+
+def _draft_width(drafter, tokens: tuple[int, ...], max_draft_tokens: int | None) -> int:
+    if max_draft_tokens is not None:
+        return check_int("max_draft_tokens", max_draft_tokens, 1)
+    return hook(drafter, "max_draft_tokens", DRAFTER_HOOKS) or max(1, max(tokens) - 1)
+
+
+def profile_key(
+    target: torch.nn.Module, drafter=None, context: int = 256, repeats: int = 5, fast_path: bool = True, max_draft_tokens: int | None = None
+) -> dict:
+    """What a profiled table's timings depend on: the target (class, name, parameter count), device,
+    dtype, torch threads and version, the measuring settings, and the drafter (class, parameters, γ).
+    Weights' values are left out: a forward's time does not depend on them."""
+    weight = target.get_output_embeddings().weight
+    name = getattr(getattr(target, "config", None), "name_or_path", "") or ""
+    return {
+        "model": f"{type(target).__name__} {name}".strip(),
+        "parameters": sum(parameter.numel() for parameter in target.parameters()),
+        "device": _device_name(weight.device),
+        "dtype": str(weight.dtype).removeprefix("torch."),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "context": context,
+        "repeats": repeats,
+        "fast_path": fast_path,
+        "drafter": None if drafter is None else f"{type(drafter).__name__} {_parameter_count(drafter)}",
+        "max_draft_tokens": max_draft_tokens,
+    }
+
+
+def _cache_file(directory: Path, key: dict, rows: tuple[int, ...], tokens: tuple[int, ...]) -> Path:
+    # The grid is part of the name: the same machine and model profiled on another grid is another table.
+    digest = hashlib.sha1(json.dumps({"key": key, "rows": rows, "tokens": tokens}, sort_keys=True).encode()).hexdigest()[:16]
+    return directory / f"{digest}.json"
+
+
+def _resolve_fast_path(target: torch.nn.Module, drafter, fast_path) -> FastPath | None:
+    """The fast path ``dspark.wrap`` would run these forwards on (same rule: None means on for CPU targets)."""
+    from dspark.speculative import _resolve_fast_path as resolve  # the loop's own rule, so timings match it
+
+    return resolve(target, drafter, fast_path)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _draft_seconds(target, drafter, rows: int, context: int, max_draft_tokens: int, repeats: int, fast_path: FastPath | None) -> float:
+    """Median seconds of ``drafter.propose`` for ``rows`` rows in the steady state of a generation.
+
+    The context is ``context`` random tokens per row. As in dspark's loop: ``start``, a first
+    (untimed) proposal that also takes in the context (with the target's features of it when the
+    drafter reads ``target_layers``, from one real target forward), then per repeat an ``observe``
+    of a step that kept nothing and a proposal after one new committed token. Random tokens rarely
+    repeat, so an n-gram drafter's lookups find little: its time here is the no-match cost.
+    """
+    device = _device(target)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(rows * 7919 + context)
+    width = context + repeats + 1
+    tokens = torch.randint(vocab, (rows, width), generator=generator).to(device)
+    begin = torch.zeros(rows, dtype=torch.long, device=device)
+    row_ids = torch.arange(rows, device=device)
+    sampling = SamplingConfig()
+    layers = hook(drafter, "target_layers", DRAFTER_HOOKS)
+    start = hook(drafter, "start", DRAFTER_HOOKS)
+    if start is not None:
+        start(GenerationStart(rows=rows, device=device, max_draft_tokens=max_draft_tokens, max_length=width, sampling=sampling))
+    features = feature_mask = None
+    if layers and context > 1:
+        with torch.inference_mode():
+            outputs = target(input_ids=tokens[:, : context - 1], output_hidden_states=True)
+        features = torch.cat([outputs.hidden_states[layer] for layer in layers], dim=-1)
+        feature_mask = torch.ones((rows, context - 1), dtype=torch.long, device=device)
+    mode = fast_path.active if fast_path is not None else contextlib.nullcontext  # as the loop's forward_mode
+    seconds = []
+    for step in range(repeats + 1):  # step 0 takes in the whole context: a warm-up, not the steady state
+        end = torch.full((rows,), context + step, dtype=torch.long, device=device)
+        draft_context = DraftContext(tokens=tokens, begin=begin, end=end, rows=row_ids, step=step, sampling=sampling,
+                                     features=features, feature_mask=feature_mask)
+        _sync(device)
+        started = time.perf_counter()
+        with mode():
+            drafter.propose(draft_context, max_draft_tokens)
+        _sync(device)
+        if step > 0:
+            seconds.append(time.perf_counter() - started)
+        drafter.observe(StepOutcome(
+            rows=row_ids, verify_lengths=torch.zeros(rows, dtype=torch.long, device=device),
+            accepted=torch.zeros(rows, dtype=torch.long, device=device), next_tokens=tokens[:, context + step],
+            finished=torch.zeros(rows, dtype=torch.bool, device=device),
+        ))
+        if features is not None:  # the verify forward of a step that kept nothing commits the anchor alone
+            features, feature_mask = features[:, -1:], feature_mask[:, -1:]
+    return statistics.median(seconds)
+
+
+# -- the cost model ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ProfiledCostModel:
+    """``step_time`` and ``draft_time`` from a :class:`CostTable`, monotone and interpolated (module
+    docstring). ``draft_time`` is 0 when the table has no drafting times."""
+
+    table: CostTable = attrs.field(validator=attrs.validators.instance_of(CostTable))
+    _steps: _Surface = attrs.field(init=False, repr=False, eq=False)
+    _drafts: _Surface | None = attrs.field(init=False, repr=False, eq=False)
+
+    @_steps.default
+    def _build_steps(self) -> _Surface:
+        return _Surface.build(self.table.rows, self.table.tokens, self.table.step_seconds)
+
+    @_drafts.default
+    def _build_drafts(self) -> _Surface | None:
+        if self.table.draft_rows is None:
+            return None
+        return _Surface.build(self.table.draft_rows, (1,), [[seconds] for seconds in self.table.draft_seconds])
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        """Seconds of one target forward over ``rows`` rows of ``tokens`` new tokens each."""
+        check_int("rows", rows, 1)
+        check_int("tokens", tokens, 1)
+        return self._steps(rows, tokens)
+
+    def draft_time(self, rows: int) -> float:
+        """Seconds of one drafting pass for ``rows`` rows (0 without drafting times in the table)."""
+        check_int("rows", rows, 1)
+        return 0.0 if self._drafts is None else self._drafts(rows, 1)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the table as JSON to ``path``."""
+        self.table.save(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ProfiledCostModel":
+        """The model of the table saved at ``path``."""
+        return cls(CostTable.load(path))
+
+    @classmethod
+    def profile(
+        cls,
+        target: torch.nn.Module,
+        drafter=None,
+        rows: Iterable[int] = (1, 2, 4, 8, 16, 32),
+        tokens: Iterable[int] = (1, 2, 3, 4, 5, 6, 8),
+        context: int = 256,
+        repeats: int = 5,
+        fast_path: bool | FastPath | None = True,
+        cache_dir: str | os.PathLike | None = None,
+        progress: bool = True,
+        max_draft_tokens: int | None = None,
+    ) -> "ProfiledCostModel":
+        """Measure a table on this machine, or load the one measured before with the same key.
+
+        Target forwards are timed with ``cost_curve`` over ``rows`` × ``tokens`` after ``context``
+        cached tokens (median of ``repeats``), on the fast path ``dspark.wrap`` would use for
+        ``fast_path`` (True: ``FastPath.shared(target)``; None: that on CPU targets only; False:
+        plain forwards; or a given ``FastPath``). With a ``drafter``, one ``propose`` of
+        ``max_draft_tokens`` tokens (default: its own ``max_draft_tokens``, else max(tokens) − 1) is
+        timed per ``rows`` value. The table is cached as ``<hash>.json`` in ``cache_dir`` (default
+        ``dspark.pretrained.default_cache_dir() / "cost_tables"``), named by a hash of
+        ``profile_key`` and the grid; a later call with the same key and grid loads it and measures
+        nothing.
+        """
+        rows, tokens = _check_grid("rows", rows), _check_grid("tokens", tokens)
+        check_int("context", context, 1)
+        check_int("repeats", repeats, 1)
+        if fast_path is not None and not isinstance(fast_path, (bool, FastPath)):
+            raise TypeError(f"fast_path must be None, a bool or a dspark.fast_path.FastPath, got {type(fast_path).__name__}")
+        width = None if drafter is None else _draft_width(drafter, tokens, max_draft_tokens)
+        fast = on_cpu(target) if fast_path is None else fast_path is not False
+        key = profile_key(target, drafter, context=context, repeats=repeats, fast_path=fast, max_draft_tokens=width)
+        if cache_dir is None:
+            from dspark.pretrained import default_cache_dir
+
+            directory = default_cache_dir() / "cost_tables"
+        else:
+            directory = Path(cache_dir)
+        path = _cache_file(directory, key, rows, tokens)
+        cached = _read_cached(path, key, rows, tokens)
+        if cached is not None:
+            return cls(cached)
+
+        path_to_time = _resolve_fast_path(target, drafter, fast_path)
+        timings = cost_curve(target, rows=rows, tokens=tokens, contexts=(context,), fast_path=path_to_time, repeats=repeats, progress=progress)
+        seconds = {(timing.rows, timing.tokens): timing.seconds for timing in timings}
+        draft_seconds = None
+        if drafter is not None:
+            grid = rows
+            if progress:
+                from tqdm.auto import tqdm
+
+                grid = tqdm(rows, desc="drafting times", unit="point")
+            draft_seconds = [_draft_seconds(target, drafter, row_count, context, width, repeats, path_to_time) for row_count in grid]
+        table = CostTable(
+            rows=rows, tokens=tokens, step_seconds=[[seconds[(row_count, token_count)] for token_count in tokens] for row_count in rows],
+            draft_rows=None if drafter is None else rows, draft_seconds=draft_seconds, key=key,
+        )
+        table.save(path)
+        return cls(table)
+
+
+def _read_cached(path: Path, key: dict, rows: tuple[int, ...], tokens: tuple[int, ...]) -> CostTable | None:
+    """The table at ``path`` if it is there, readable and measured with ``key`` on this grid; else None."""
+    if not path.is_file():
+        return None
+    try:
+        table = CostTable.load(path)
+    except (OSError, ValueError, TypeError) as error:  # a damaged file is measured again, not trusted
+        logger.warning("ignoring the unreadable cost table %s: %s", path, error)
+        return None
+    if table.key != key or table.rows != rows or table.tokens != tokens:
+        return None
+    return table
