@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--max-new-tokens", type=int, default=128)
     calibrate.add_argument("--batch-size", type=int, default=8)
     calibrate.add_argument("--bands", default="greedy,low,high", help="sampling bands to fit: greedy, low (temperature 0.7), high (temperature 1)")
-    calibrate.add_argument("--method", default="temperature", choices=["temperature", "isotonic"], help="temperature: Sequential Temperature Scaling (paper §3.2.1)")
+    calibrate.add_argument("--method", default="isotonic", choices=["temperature", "isotonic"], help="isotonic: a monotone map per position (measured best here); temperature: Sequential Temperature Scaling (paper §3.2.1)")
     calibrate.add_argument("--report-share", type=float, default=0.25, help="share of the prompts held out for the report")
     calibrate.add_argument("--data-dir", default=None, help="the prompt-data folder holding train/ (default: $DSPARK_DATA_DIR, else shared/data found from the working directory up)")
     calibrate.add_argument("--work-dir", default=None, help="logs, report and plots (default: <cache>/calibrate/<model>/<drafter>)")

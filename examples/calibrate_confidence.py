@@ -1,33 +1,31 @@
-"""Calibrate a drafter's survival estimates from its own runs (Sequential Temperature Scaling, paper
-§3.2.1) and compare raw with calibrated on prompts held out from the fit.
-
-``dspark calibrate`` does the same at scale and saves the result beside the drafter, where
-``SemiARDrafter.from_pretrained`` picks it up; this shows the parts it is made of.
+"""How well does the shipped drafter know which of its tokens the target will accept? Its raw
+confidence head against the calibrated estimator ``wrap`` uses by default, on calibration prompts
+that ``dspark calibrate`` held out from the fit (the prefix survival a_k predicted per position,
+against how often the first k drafted tokens were all accepted).
 """
 
 import tempfile
 from pathlib import Path
 
-from dspark import pretrained
+import dspark
 from dspark.training.calibrate import CollectConfig, calibration_report, collect_logs, run_logs
 from dspark.training.data import training_prompts
-from dspark.verify import Calibration, DrafterConfidence
+from dspark.verify import DrafterConfidence
 
 # The project's prompt sets beside this checkout; elsewhere pass your own folder holding train/.
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
-bundle = pretrained.load("smollm2-135m-instruct")  # the shipped DSpark drafter
-messages = [prompt.text for prompt in training_prompts(DATA_DIR, "calibration", limit=12)]
-config = CollectConfig(prompts=12, max_new_tokens=48, batch_size=4, bands=("greedy",))
-with tempfile.TemporaryDirectory() as work_dir:
-    # Every drafted position is verified, so every outcome is observed.
-    entries = collect_logs(bundle.target, bundle.tokenizer, bundle.drafter, {"head": DrafterConfidence()}, messages, Path(work_dir) / "logs.jsonl", config)
-fit = run_logs(entries, ["head"], batches=range(2)).logs["greedy"]["head"]  # the first 8 prompts fit
-held_out = run_logs(entries, ["head"], batches=range(2, 3)).logs["greedy"]["head"]  # the last 4 only score
-calibration = Calibration.fit(fit, "temperature")
-report = calibration_report(held_out, calibration)
-print("temperatures per position:", [round(t, 2) for t in calibration.parameters])
-for k, (raw, calibrated) in enumerate(zip(report["raw"]["prefix"], report["calibrated"]["prefix"]), start=1):
+bundle = dspark.pretrained.load("smollm2-135m-instruct")  # the shipped drafter and its calibration.json
+print("calibration:", bundle.drafter.calibration.fitted_on)
+# The last prompts of the calibration split `dspark calibrate --prompts 96` used: held out from its fit.
+messages = [prompt.text for prompt in training_prompts(DATA_DIR, "calibration", limit=96)][-8:]
+estimators = {"raw head": DrafterConfidence(), "calibrated": dspark.wrap(bundle.target, bundle.drafter).strategy.confidence}
+config = CollectConfig(prompts=8, max_new_tokens=48, batch_size=4, bands=("greedy",))
+with tempfile.TemporaryDirectory() as work_dir:  # every drafted position is verified, so every outcome is seen
+    entries = collect_logs(bundle.target, bundle.tokenizer, bundle.drafter, estimators, messages, Path(work_dir) / "logs.jsonl", config)
+logs = run_logs(entries, list(estimators)).logs["greedy"]
+reports = {name: calibration_report(log)["raw"]["prefix"] for name, log in logs.items()}
+for k, (raw, calibrated) in enumerate(zip(reports["raw head"], reports["calibrated"]), start=1):
     if raw["count"]:
-        print(f"a_{k}: observed {raw['observed_rate']:.2f}, raw {raw['mean_predicted']:.2f} (ECE {raw['ece']:.3f}), "
-              f"calibrated {calibrated['mean_predicted']:.2f} (ECE {calibrated['ece']:.3f}), {raw['count']} blocks")
+        print(f"a_{k}: observed {raw['observed_rate']:.3f}; raw head predicts {raw['mean_predicted']:.3f} (ECE {raw['ece']:.3f}), "
+              f"calibrated {calibrated['mean_predicted']:.3f} (ECE {calibrated['ece']:.3f}); {raw['count']} blocks")

@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 import dspark
 from dspark.checks import int_at_least
 from dspark.pretrained import encode_chat
-from dspark.protocols import ConfidenceEstimator, Drafter
-from dspark.types import Draft
+from dspark.protocols import ESTIMATOR_HOOKS, ConfidenceEstimator, Drafter, hook
+from dspark.types import Draft, GenerationStart, StepOutcome
 from dspark.training.data import training_prompts
 from dspark.verify.calibration import (
     BANDS,
@@ -98,11 +98,24 @@ class RunLogs:
 
 class _Recorder:
     """A ConfidenceEstimator for the collection run: scores each draft with every estimator and keeps
-    the scores and the draft's signals; the loop gets the first estimator's (FixedLength ignores it)."""
+    the scores and the draft's signals; the loop gets the first estimator's (FixedLength ignores it).
+    The lifecycle hooks reach every estimator that declares them."""
 
     def __init__(self, estimators: Mapping[str, ConfidenceEstimator]):
         self.estimators = dict(estimators)
         self.steps: list[tuple[dict[str, torch.Tensor], torch.Tensor | None]] = []
+
+    def start(self, start: GenerationStart) -> None:
+        self._forward("start", start)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self._forward("observe", outcome)
+
+    def _forward(self, name: str, value) -> None:
+        for estimator in self.estimators.values():
+            method = hook(estimator, name, ESTIMATOR_HOOKS)
+            if method is not None:
+                method(value)
 
     def survival(self, draft: Draft) -> torch.Tensor:
         scores = {name: estimator.survival(draft).float() for name, estimator in self.estimators.items()}
@@ -338,7 +351,7 @@ def calibrate_drafter(
     work_dir: str | Path,
     output_dir: str | Path,
     config: CollectConfig = CollectConfig(),
-    method: str = "temperature",
+    method: str = "isotonic",
     report_share: float = 0.25,
     data_dir: str | Path | None = None,
     fingerprint: str | None = None,
@@ -350,6 +363,8 @@ def calibrate_drafter(
     The first prompts fit, the last ``report_share`` only score (both from ``training_prompts(...,
     'calibration')``, never eval/). Logs live in ``work_dir`` and a rerun resumes them.
     ``fingerprint``: the drafter weights' ``file_fingerprint``, written into the file and checked on load.
+    ``method`` defaults to isotonic maps: on the shipped SmolLM2 drafter temperature scaling alone
+    cannot remove the head's bias (it only stretches logits about 0.5), see docs/calibration.rst.
     """
     if not 0.0 < report_share < 1.0:
         raise ValueError(f"report_share must be in (0, 1), got {report_share!r}")
@@ -380,7 +395,10 @@ def calibrate_drafter(
         report[name] = {band: calibration_report(report_logs[band], calibrations[band]) for band in report_logs}
     default = next(iter(estimators))
     fit_prompts = (batches - report_batches) * config.batch_size
-    fitted_on = {"prompts": fit_prompts, "report_prompts": len(messages) - fit_prompts, "max_new_tokens": config.max_new_tokens, "bands": list(config.bands), "method": method}
+    fitted_on = {
+        "prompts": fit_prompts, "report_prompts": len(messages) - fit_prompts, "batch_size": config.batch_size,
+        "max_new_tokens": config.max_new_tokens, "bands": list(config.bands), "method": method, "seed": config.seed,
+    }
     calibration_file = CalibrationFile(sets, default, fitted, fitted_on)
     paths = {"calibration": calibration_file.save(output_dir)}
     paths["report"] = work_dir / "report.json"

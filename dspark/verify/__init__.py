@@ -1,10 +1,11 @@
-"""Acceptance rules, warping, confidence estimators, their calibration and verify policies."""
+"""Acceptance rules, warping, confidence estimators, their calibration, and verify policies and schedulers."""
 
 from dspark.verify.acceptance import greedy_accept, leading_true, rejection_sample, residual_distribution
 from dspark.verify.calibration import BANDS, Calibration, CalibrationFile, CalibrationLog, CalibrationSet, band_of
 from dspark.verify.confidence import DraftProbability, DrafterConfidence, survival_products
 from dspark.verify.estimators import CalibratedConfidence, DriftCorrectedConfidence, LogisticConfidence, OnlineLogisticConfidence, calibrated_estimator, draft_signals
 from dspark.verify.policies import FixedLength, Threshold
+from dspark.verify.schedulers import HardwareAwareScheduler, MinimumGainRule, VllmArgmaxRule, prefix_schedule
 from dspark.verify.warping import warp_logits, warped_probs
 
 __all__ = [
@@ -18,14 +19,18 @@ __all__ = [
     "DrafterConfidence",
     "DriftCorrectedConfidence",
     "FixedLength",
+    "HardwareAwareScheduler",
     "LogisticConfidence",
+    "MinimumGainRule",
     "OnlineLogisticConfidence",
     "Threshold",
+    "VllmArgmaxRule",
     "band_of",
     "calibrated_estimator",
     "draft_signals",
     "greedy_accept",
     "leading_true",
+    "prefix_schedule",
     "rejection_sample",
     "residual_distribution",
     "survival_products",
