@@ -4,7 +4,7 @@ from typing import TYPE_CHECKING
 
 from dspark import cost_models, drafters, strategies, verify
 from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
-from dspark.speculative import SpeculativeModel, generate, wrap
+from dspark.speculative import SpeculativeModel, generate, profiled_cost_model, wrap
 from dspark.stats import GenerationResult, GenerationStats, StepRecord, VerifiedToken
 from dspark.strategy import Strategy
 from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome
@@ -34,6 +34,7 @@ __all__ = [
     "drafters",
     "generate",
     "pretrained",
+    "profiled_cost_model",
     "strategies",
     "training",
     "verify",

@@ -18,7 +18,7 @@ import torch
 
 from dspark.fast_path import FastPath
 from dspark.kv import RaggedCache
-from dspark.protocols import DRAFTER_HOOKS, ESTIMATOR_HOOKS, hook
+from dspark.protocols import COST_MODEL_HOOKS, DRAFTER_HOOKS, ESTIMATOR_HOOKS, hook
 from dspark.stats import GenerationResult, GenerationStats, StepRecord
 from dspark.strategy import Strategy
 from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome
@@ -125,6 +125,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     generation = GenerationStart(rows=batch, device=device, max_draft_tokens=strategy.max_draft_tokens,
                                  max_length=prompt_length + spec.max_new_tokens, sampling=spec.sampling)
     estimator = strategy.confidence
+    observe_step, observe_draft = (hook(strategy.cost_model, name, COST_MODEL_HOOKS) for name in ("observe_step", "observe_draft"))
     for start in (hook(strategy.drafter, "start", DRAFTER_HOOKS), estimator and hook(estimator, "start", ESTIMATOR_HOOKS)):
         if start is not None:
             start(generation)
@@ -195,6 +196,11 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
                 estimator=None if report is None else report(),
             )
         )
+        # The cost model learns what this step's forward and drafting actually took.
+        if observe_step is not None:
+            observe_step(rows.numel(), width, verified - drafted)
+        if observe_draft is not None and draft.num_tokens > 0:
+            observe_draft(rows.numel(), drafted - started)
         # 8. Finished rows stop costing compute.
         if bool(finished.any()):
             still = ~finished

@@ -17,6 +17,7 @@ __all__ = [
     "CostModel",
     "DRAFTER_HOOKS",
     "Drafter",
+    "COST_MODEL_HOOKS",
     "ESTIMATOR_HOOKS",
     "Hook",
     "POLICY_HOOKS",
@@ -123,6 +124,9 @@ DRAFTER_HOOKS: dict[str, Hook] = {
 #: Optional verify-policy members. Absent ones take their default.
 POLICY_HOOKS: dict[str, Hook] = {
     "needs_survival": Hook(False, lambda value: isinstance(value, bool), "a bool", "the policy reads survival, so a confidence estimator is required"),
+    "needs_cost_model": Hook(
+        False, lambda value: isinstance(value, bool), "a bool", "the policy reads the cost model, so wrap profiles one on this machine when given none"
+    ),
     "max_draft_tokens": Hook(
         None, lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an int >= 0",
         "the longest verify length it picks; wrap uses it as γ", deprecated_names=("max_length",),
@@ -135,6 +139,13 @@ ESTIMATOR_HOOKS: dict[str, Hook] = {
     "start": Hook(None, callable, "a method start(GenerationStart)", "called once per generation before the first survival"),
     "observe": Hook(None, callable, "a method observe(StepOutcome)", "the outcome of every step whose survival it gave, for online estimators"),
     "report": Hook(None, callable, "a method report() -> dict or None", "what to record in this step's StepRecord.estimator"),
+}
+
+
+#: Optional cost-model members. Absent ones take their default.
+COST_MODEL_HOOKS: dict[str, Hook] = {
+    "observe_step": Hook(None, callable, "a method observe_step(rows, tokens, seconds)", "each step's measured target forward, to correct the model online"),
+    "observe_draft": Hook(None, callable, "a method observe_draft(rows, seconds)", "each step's measured drafting time, to correct the model online"),
 }
 
 

@@ -23,10 +23,12 @@ from dspark.validation import (
 )
 from dspark.verify.policies import FixedLength
 
-__all__ = ["SpeculativeModel", "wrap", "generate", "DEFAULT_DRAFT_TOKENS"]
+__all__ = ["SpeculativeModel", "wrap", "generate", "profiled_cost_model", "DEFAULT_DRAFT_TOKENS", "PROFILED_ROWS"]
 
 #: Block width γ when neither the policy nor the caller fixes one.
 DEFAULT_DRAFT_TOKENS = 4
+# Batch sizes profiled for a cost model made by wrap; larger batches extrapolate (monotonically).
+PROFILED_ROWS = (1, 2, 4, 8)
 
 
 def _drafter_modules(drafter) -> list[torch.nn.Module]:
@@ -136,6 +138,19 @@ class SpeculativeModel:
         return run_generation(spec, input_ids, attention_mask)
 
 
+def profiled_cost_model(model: torch.nn.Module, drafter: Drafter, max_draft_tokens: int, fast_path=None) -> CostModel:
+    """What a target forward and a drafting pass cost here, measured once per machine, model and
+    drafter (``ProfiledCostModel.profile`` over 1–8 rows and 1 to γ + 1 tokens, cached), and corrected
+    by every step's measured times (``OnlineCorrectedCostModel``)."""
+    from dspark.cost_models import OnlineCorrectedCostModel, ProfiledCostModel
+
+    table = ProfiledCostModel.profile(
+        model, drafter, rows=PROFILED_ROWS, tokens=tuple(range(1, max_draft_tokens + 2)), repeats=3,
+        fast_path=fast_path, max_draft_tokens=max(max_draft_tokens, 1),
+    )
+    return OnlineCorrectedCostModel(table)
+
+
 def wrap(
     model: torch.nn.Module,
     drafter: Drafter,
@@ -152,7 +167,9 @@ def wrap(
     ``confidence`` is given) is used when it declares one, else every drafted token is verified.
     γ defaults to the policy's ``max_draft_tokens`` when it has one, else to the drafter's
     ``max_draft_tokens``, else ``DEFAULT_DRAFT_TOKENS``. ``fast_path`` is ``SpeculativeModel``'s
-    (default: on for CPU targets; ``fast_path=False`` runs plain forwards)."""
+    (default: on for CPU targets; ``fast_path=False`` runs plain forwards). A policy that reads the
+    cost model (``needs_cost_model``) and gets none is given ``profiled_cost_model``: measured on
+    this machine on first use, cached, corrected online."""
     check_hooks(drafter, DRAFTER_HOOKS, "drafter")
     if policy is not None:
         check_hooks(policy, POLICY_HOOKS, "policy")
@@ -170,6 +187,8 @@ def wrap(
         "max_draft_tokens": max_draft_tokens,
         "confidence": confidence,
     }
+    if cost_model is None and hook(strategy_arguments["policy"], "needs_cost_model", POLICY_HOOKS):
+        cost_model = profiled_cost_model(model, drafter, max_draft_tokens, fast_path)
     if cost_model is not None:
         strategy_arguments["cost_model"] = cost_model
     strategy = Strategy(**strategy_arguments)

@@ -56,9 +56,11 @@ def left_padded_batch(lengths: list[int], vocab_size: int = VOCAB, seed: int = 0
 
 @pytest.fixture(scope="session", autouse=True)
 def _fast_path_cache(tmp_path_factory):
-    """Fast-path measurements of this run stay in a scratch folder (subprocesses inherit it), never the user's cache."""
+    """Fast-path measurements and profiled cost tables of this run stay in scratch folders (subprocesses
+    inherit them), never the user's cache."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DSPARK_FAST_PATH_CACHE", str(tmp_path_factory.mktemp("fast_path")))
+        patch.setenv("DSPARK_COST_TABLE_CACHE", str(tmp_path_factory.mktemp("cost_tables")))
         yield
 
 

@@ -225,8 +225,10 @@ def test_config_files_naming_gamma_block_size_still_load(llama):
 
 
 def test_a_saved_calibration_is_loaded_checked_and_used_by_wrap(tmp_path, llama):
-    """from_pretrained reads calibration.json when its fingerprint names these weights; wrap then scores with the calibrated head; other weights are refused."""
-    from dspark.verify import CalibratedConfidence, Calibration, CalibrationFile, CalibrationSet
+    """from_pretrained reads calibration.json when its fingerprint names these weights; wrap then gives the DSpark preset (calibrated head,
+    hardware-aware scheduler, a cost model profiled here); other weights are refused."""
+    from dspark.cost_models import OnlineCorrectedCostModel
+    from dspark.verify import CalibratedConfidence, Calibration, CalibrationFile, CalibrationSet, HardwareAwareScheduler
     from dspark.verify.calibration import file_fingerprint
 
     drafter = tiny_semi_ar_drafter(llama)
@@ -235,8 +237,10 @@ def test_a_saved_calibration_is_loaded_checked_and_used_by_wrap(tmp_path, llama)
     fitted = CalibrationSet("DrafterConfidence", {"greedy": Calibration("temperature", (2.0,))}, fingerprint=file_fingerprint(tmp_path / "model.safetensors"))
     CalibrationFile({"DrafterConfidence": fitted}, "DrafterConfidence").save(tmp_path)
     loaded = SemiARDrafter.from_pretrained(tmp_path, target=llama)
-    confidence = dspark.wrap(llama, loaded).strategy.confidence
-    assert isinstance(confidence, CalibratedConfidence) and confidence.calibrations == fitted
+    strategy = dspark.wrap(llama, loaded).strategy
+    assert isinstance(strategy.confidence, CalibratedConfidence) and strategy.confidence.calibrations == fitted
+    assert strategy.policy == HardwareAwareScheduler(max_draft_tokens=4), "a calibrated drafter gets the DSpark preset"
+    assert isinstance(strategy.cost_model, OnlineCorrectedCostModel) and strategy.cost_model.step_time(4, 5) >= strategy.cost_model.step_time(1, 1) > 0
     input_ids, attention_mask = left_padded_batch([5])
     result = dspark.wrap(llama, loaded).generate(input_ids, attention_mask=attention_mask, max_new_tokens=6)
     assert torch.equal(result.sequences, llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=6, do_sample=False))

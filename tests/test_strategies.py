@@ -1,43 +1,43 @@
-"""Strategy value type (dspark/strategy.py) and presets (dspark/strategies/)."""
+"""Named presets in dspark/strategies: each composes the policy it names, and all stay lossless."""
 
 import pytest
 import torch
 
 import dspark
 from dspark import strategies
+from dspark.cost_models import ConstantCostModel
 from dspark.drafters import DraftModelDrafter, PromptLookupDrafter
-from dspark.verify import FixedLength, Threshold
+from dspark.verify import DraftProbability, FixedLength, HardwareAwareScheduler, MinimumGainRule, VllmArgmaxRule
 from tests.conftest import build_model, left_padded_batch
 
 
-def test_presets_compose_the_expected_parts():
-    """autoregressive is ℓ = 0, fixed_length verifies k, threshold carries a confidence estimator."""
-    drafter = PromptLookupDrafter()
-    assert strategies.autoregressive(drafter).policy == FixedLength(0)
-    assert strategies.fixed_length(drafter, 5).max_draft_tokens == 5
-    preset = strategies.threshold(DraftModelDrafter(build_model("llama")), 6, 0.4)
-    assert preset.policy == Threshold(0.4) and preset.confidence is not None
+def test_presets_compose_the_policy_they_name():
+    """mtp1 verifies one token; dspark, vllm_rule and minimum_gain_rule schedule with their rule, the cost model and draft probability by default."""
+    drafter, cost = PromptLookupDrafter(), ConstantCostModel(step_seconds=0.01)
+    assert strategies.mtp1(drafter).policy == FixedLength(1) and strategies.mtp1(drafter).max_draft_tokens == 1
+    for preset, rule in [(strategies.dspark, HardwareAwareScheduler), (strategies.vllm_rule, VllmArgmaxRule), (strategies.minimum_gain_rule, MinimumGainRule)]:
+        strategy = preset(drafter, 5, cost)
+        assert isinstance(strategy.policy, rule) and strategy.policy.max_draft_tokens == 5 and strategy.cost_model is cost
+        assert isinstance(strategy.confidence, DraftProbability)
 
 
-def test_presets_are_lossless(llama):
-    """Each preset reproduces HF greedy output."""
-    input_ids, attention_mask = left_padded_batch([6, 10])
-    expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=16, do_sample=False)
-    for strategy in (
-        strategies.autoregressive(PromptLookupDrafter()),
-        strategies.fixed_length(PromptLookupDrafter(), 3),
-        strategies.threshold(DraftModelDrafter(build_model("llama", seed=3)), 4, 0.2),
-    ):
-        result = dspark.SpeculativeModel(llama, strategy).generate(input_ids, attention_mask=attention_mask, max_new_tokens=16)
-        assert torch.equal(result.sequences, expected)
+@pytest.mark.parametrize("preset", [strategies.dspark, strategies.vllm_rule, strategies.minimum_gain_rule])
+def test_scheduled_presets_reproduce_greedy_generate(preset, llama):
+    """Every scheduled preset gives HF's greedy output on a mixed-length batch."""
+    input_ids, attention_mask = left_padded_batch([5, 9, 3], seed=2)
+    strategy = preset(DraftModelDrafter(llama), 3, ConstantCostModel(step_seconds=0.01))
+    result = dspark.SpeculativeModel(llama, strategy).generate(input_ids, attention_mask=attention_mask, max_new_tokens=10, eos_token_id=[])
+    assert torch.equal(result.sequences, llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=10, do_sample=False, eos_token_id=None))
 
 
-@pytest.mark.parametrize(
-    "overrides, error",
-    [({"drafter": object()}, TypeError), ({"policy": "all"}, TypeError), ({"max_draft_tokens": -2}, ValueError), ({"cost_model": 3}, TypeError)],
-)
-def test_strategy_validates_its_parts(overrides, error):
-    """Parts that do not implement their protocol are refused, naming the field."""
-    arguments = {"drafter": PromptLookupDrafter(), "policy": FixedLength(2), "max_draft_tokens": 2, **overrides}
-    with pytest.raises(error, match=next(iter(overrides))):
-        dspark.Strategy(**arguments)
+def test_wrap_profiles_a_cost_model_for_a_policy_that_reads_one():
+    """A policy with needs_cost_model and no cost model given gets one profiled on this machine, cached for the next wrap and corrected by every step."""
+    target, drafter = build_model("llama"), DraftModelDrafter(build_model("llama", seed=3))
+    first = dspark.wrap(target, drafter, policy=HardwareAwareScheduler(max_draft_tokens=3), confidence=DraftProbability()).strategy.cost_model
+    again = dspark.wrap(target, drafter, policy=HardwareAwareScheduler(max_draft_tokens=3), confidence=DraftProbability()).strategy.cost_model
+    assert first.base.table == again.base.table and first.base.table.tokens == (1, 2, 3, 4)
+    input_ids, attention_mask = left_padded_batch([6, 4])
+    model = dspark.SpeculativeModel(target, dspark.Strategy(drafter=drafter, policy=HardwareAwareScheduler(), max_draft_tokens=3,
+                                                               confidence=DraftProbability(), cost_model=first))
+    model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=6)
+    assert first.report()["step_cells"] > 0

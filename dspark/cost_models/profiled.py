@@ -48,6 +48,7 @@ from dspark.protocols import DRAFTER_HOOKS, hook
 from dspark.types import DraftContext, GenerationStart, SamplingConfig, StepOutcome
 
 __all__ = [
+    "default_table_dir",
     "FORMAT_VERSION",
     "CostTable",
     "ProfiledCostModel",
@@ -326,6 +327,16 @@ def _draft_width(drafter, tokens: tuple[int, ...], max_draft_tokens: int | None)
     return hook(drafter, "max_draft_tokens", DRAFTER_HOOKS) or max(1, max(tokens) - 1)
 
 
+def default_table_dir() -> Path:
+    """Where profiled tables are cached: ``$DSPARK_COST_TABLE_CACHE`` if set, else the
+    ``cost_tables`` folder of ``dspark.pretrained.default_cache_dir()``."""
+    if os.environ.get("DSPARK_COST_TABLE_CACHE"):
+        return Path(os.environ["DSPARK_COST_TABLE_CACHE"])
+    from dspark.pretrained import default_cache_dir
+
+    return default_cache_dir() / "cost_tables"
+
+
 def profile_key(
     target: torch.nn.Module, drafter=None, context: int = 256, repeats: int = 5, fast_path: bool = True, max_draft_tokens: int | None = None
 ) -> dict:
@@ -483,7 +494,7 @@ class ProfiledCostModel:
         timed per ``rows`` value. The table is cached as ``<hash>.json`` in ``cache_dir`` (default
         ``dspark.pretrained.default_cache_dir() / "cost_tables"``), named by a hash of
         ``profile_key`` and the grid; a later call with the same key and grid loads it and measures
-        nothing.
+        nothing. The default folder is ``default_table_dir()``.
         """
         rows, tokens = _check_grid("rows", rows), _check_grid("tokens", tokens)
         check_int("context", context, 1)
@@ -493,12 +504,7 @@ class ProfiledCostModel:
         width = None if drafter is None else _draft_width(drafter, tokens, max_draft_tokens)
         fast = on_cpu(target) if fast_path is None else fast_path is not False
         key = profile_key(target, drafter, context=context, repeats=repeats, fast_path=fast, max_draft_tokens=width)
-        if cache_dir is None:
-            from dspark.pretrained import default_cache_dir
-
-            directory = default_cache_dir() / "cost_tables"
-        else:
-            directory = Path(cache_dir)
+        directory = default_table_dir() if cache_dir is None else Path(cache_dir)
         path = _cache_file(directory, key, rows, tokens)
         cached = _read_cached(path, key, rows, tokens)
         if cached is not None:

@@ -40,6 +40,7 @@ from dspark.verify.calibration import CalibrationFile, file_fingerprint
 from dspark.verify.confidence import DrafterConfidence
 from dspark.verify.estimators import calibrated_estimator
 from dspark.verify.policies import FixedLength, Threshold
+from dspark.verify.schedulers import HardwareAwareScheduler
 from dspark.verify.warping import draw, warped_probs
 
 __all__ = ["SEMI_AR_SIGNALS", "SemiARConfig", "SemiARDrafter", "TargetSignature", "default_target_layers"]
@@ -431,10 +432,14 @@ class SemiARDrafter(nn.Module):
 
     @property
     def default_policy(self):
-        """Threshold(verify_threshold) when the config names one, else FixedLength(γ)."""
-        if self.config.verify_threshold is None:
-            return FixedLength(self.config.max_draft_tokens)
-        return Threshold(self.config.verify_threshold)
+        """The DSpark preset when the drafter is calibrated (``HardwareAwareScheduler``: verify what pays
+        on this machine, from the calibrated survival); else Threshold(verify_threshold) when the config
+        names one; else FixedLength(γ)."""
+        if self.config.verify_threshold is not None:
+            return Threshold(self.config.verify_threshold)
+        if self.calibration is not None:
+            return HardwareAwareScheduler(max_draft_tokens=self.config.max_draft_tokens)
+        return FixedLength(self.config.max_draft_tokens)
 
     @property
     def default_confidence(self):

@@ -7,8 +7,9 @@ from dspark.strategy import Strategy
 from dspark.cost_models.constant import ConstantCostModel
 from dspark.verify.confidence import DraftProbability
 from dspark.verify.policies import FixedLength, Threshold
+from dspark.verify.schedulers import HardwareAwareScheduler, MinimumGainRule, VllmArgmaxRule
 
-__all__ = ["autoregressive", "fixed_length", "threshold"]
+__all__ = ["autoregressive", "dspark", "fixed_length", "minimum_gain_rule", "mtp1", "threshold", "vllm_rule"]
 
 
 def autoregressive(drafter: Drafter) -> Strategy:
@@ -30,3 +31,33 @@ def threshold(
     return Strategy(
         drafter=drafter, policy=Threshold(t), max_draft_tokens=max_draft_tokens, confidence=confidence or DraftProbability()
     )
+
+
+def mtp1(drafter: Drafter) -> Strategy:
+    """The MTP-1 baseline: draft one token, verify it every step (``FixedLength(1)``)."""
+    return fixed_length(drafter, 1)
+
+
+def _scheduled(policy, drafter: Drafter, max_draft_tokens: int, cost_model: CostModel, confidence: ConfidenceEstimator | None) -> Strategy:
+    return Strategy(
+        drafter=drafter, policy=policy, max_draft_tokens=max_draft_tokens, cost_model=cost_model,
+        confidence=confidence if confidence is not None else DraftProbability(),
+    )
+
+
+def dspark(drafter: Drafter, max_draft_tokens: int, cost_model: CostModel, confidence: ConfidenceEstimator | None = None) -> Strategy:
+    """The DSpark preset: the hardware-aware prefix scheduler (paper Algorithm 1, with drafting cost)
+    on ``confidence`` (default: draft probability; a calibrated estimator is what it is meant for)
+    and ``cost_model`` (e.g. ``dspark.profiled_cost_model(target, drafter, γ)``). ``wrap(target,
+    calibrated_semi_ar_drafter)`` gives this with the drafter's calibrated estimator."""
+    return _scheduled(HardwareAwareScheduler(max_draft_tokens=max_draft_tokens), drafter, max_draft_tokens, cost_model, confidence)
+
+
+def vllm_rule(drafter: Drafter, max_draft_tokens: int, cost_model: CostModel, confidence: ConfidenceEstimator | None = None) -> Strategy:
+    """vLLM's adaptive verification: the global argmax budget over all prefixes (no early stop)."""
+    return _scheduled(VllmArgmaxRule(max_draft_tokens=max_draft_tokens), drafter, max_draft_tokens, cost_model, confidence)
+
+
+def minimum_gain_rule(drafter: Drafter, max_draft_tokens: int, cost_model: CostModel, confidence: ConfidenceEstimator | None = None, min_gain: float = 0.04) -> Strategy:
+    """Admit draft tokens while each one's predicted gain beats its cost by ``min_gain`` (``MinimumGainRule``)."""
+    return _scheduled(MinimumGainRule(min_gain=min_gain, max_draft_tokens=max_draft_tokens), drafter, max_draft_tokens, cost_model, confidence)

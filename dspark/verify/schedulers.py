@@ -158,6 +158,7 @@ class HardwareAwareScheduler:
     max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
     include_draft_cost: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     needs_survival = True
+    needs_cost_model = True
 
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
         """``prefix_schedule`` of a = cumprod(c) on the cost model's step time, with early stop."""
@@ -183,6 +184,7 @@ class VllmArgmaxRule:
 
     max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
     needs_survival = True
+    needs_cost_model = True
 
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
         """The b* best candidates of this step, b* the argmax of expected goodput over all budgets."""
@@ -209,6 +211,7 @@ class MinimumGainRule:
     min_gain: float = attrs.field(default=0.04, validator=unit_interval())
     max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
     needs_survival = True
+    needs_cost_model = True
 
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
         """``minimum_gain_schedule`` of a = cumprod(c) on the cost model's step time."""
