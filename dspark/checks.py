@@ -3,9 +3,11 @@ probabilities in [0, 1]; and read-only aliases that keep a renamed attribute wor
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 
-__all__ = ["check_int", "deprecated_alias", "int_at_least", "unit_interval"]
+__all__ = ["check_int", "check_seconds", "deprecated_alias", "int_at_least", "unit_interval"]
 
 
 def deprecated_alias(new_name: str, old_name: str, removed_in: str = "0.3") -> property:
@@ -31,6 +33,15 @@ def check_int(name: str, value, minimum: int, optional: bool = False) -> int | N
     if value < minimum:
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return value
+
+
+def check_seconds(name: str, value) -> float:
+    """``value`` as a float if it is a finite real number >= 0 (seconds)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def int_at_least(minimum: int, optional: bool = False):

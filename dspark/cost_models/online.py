@@ -26,11 +26,10 @@ corrected model learns the whole cost a step's choice incurs, not the bare forwa
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable
 
-from dspark.checks import check_int
+from dspark.checks import check_int, check_seconds
 from dspark.fast_path import row_bucket
 from dspark.protocols import CostModel
 
@@ -49,14 +48,6 @@ def _buckets_up_to(count: int) -> list[int]:
         buckets.append(bucket)
         bucket *= 2
     return buckets
-
-
-def _check_seconds(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
 
 
 class _Cell:
@@ -165,12 +156,12 @@ class OnlineCorrectedCostModel:
         """Learn that a target forward over ``rows`` rows of ``tokens`` new tokens took ``seconds``."""
         check_int("rows", rows, 1)
         check_int("tokens", tokens, 1)
-        self._steps.observe(rows, tokens, _check_seconds("seconds", seconds))
+        self._steps.observe(rows, tokens, check_seconds("seconds", seconds))
 
     def observe_draft(self, rows: int, seconds: float) -> None:
         """Learn that a drafting pass for ``rows`` rows took ``seconds``."""
         check_int("rows", rows, 1)
-        self._drafts.observe(rows, 1, _check_seconds("seconds", seconds))
+        self._drafts.observe(rows, 1, check_seconds("seconds", seconds))
 
     def step_time(self, rows: int, tokens: int) -> float:
         """The base's step time, corrected, and never less than that of a smaller batch."""

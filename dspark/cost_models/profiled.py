@@ -41,7 +41,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from dspark.checks import check_int
+from dspark.checks import check_int, check_seconds
 from dspark.cost_models.profiling import cost_curve
 from dspark.fast_path import FastPath, on_cpu
 from dspark.protocols import DRAFTER_HOOKS, hook
@@ -78,21 +78,12 @@ def _check_grid(name: str, values) -> tuple[int, ...]:
     return grid
 
 
-def _check_seconds(name: str, value) -> float:
-    """``value`` as a float if it is a finite real number >= 0 (seconds)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
 def _check_row(name: str, values, length: int) -> tuple[float, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{name} must be a sequence of {length} seconds, got {values!r}")
     if len(values) != length:
         raise ValueError(f"{name} must hold {length} seconds, got {len(values)}: {list(values)!r}")
-    return tuple(_check_seconds(f"{name}[{index}]", value) for index, value in enumerate(values))
+    return tuple(check_seconds(f"{name}[{index}]", value) for index, value in enumerate(values))
 
 
 def _check_table(rows: tuple[int, ...], tokens: tuple[int, ...], seconds) -> tuple[tuple[float, ...], ...]:
@@ -258,7 +249,10 @@ class _Surface:
         j, v = _locate(self.y, y_in)
         z = self.z
         i1, j1 = min(i + 1, len(self.x) - 1), min(j + 1, len(self.y) - 1)
-        inside = (1 - u) * ((1 - v) * z[i][j] + v * z[i][j1]) + u * ((1 - v) * z[i1][j] + v * z[i1][j1])
+        # a + w·(b − a), not (1 − w)·a + w·b: exact where neighbours are equal, so rounding never makes
+        # a point between two equal cells cheaper than both (monotonicity is the contract).
+        low, high = z[i][j] + v * (z[i][j1] - z[i][j]), z[i1][j] + v * (z[i1][j1] - z[i1][j])
+        inside = low + u * (high - low)
         beyond_x, beyond_y = max(0.0, x - self.x[-1]), max(0.0, y - self.y[-1])
         if beyond_x == 0.0 and beyond_y == 0.0:
             return inside

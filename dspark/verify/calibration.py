@@ -50,6 +50,7 @@ __all__ = [
     "prefix_outcomes",
     "reliability_bins",
     "roc_auc",
+    "temperature_grid",
 ]
 
 EPS = 1e-6  # keeps logit finite and calibrated survival strictly inside (0, 1), even after a float32 cast
@@ -306,9 +307,10 @@ def apply_temperatures(survival: torch.Tensor, temperatures: Sequence[float], ep
     return _scale(survival.to(dtype), scale, eps).to(survival.dtype)
 
 
-def _temperature_grid(grid) -> torch.Tensor:
+def temperature_grid(grid, default: torch.Tensor = _DEFAULT_GRID) -> torch.Tensor:
+    """``grid`` (any sequence of temperatures > 0) as a sorted float64 tensor, ``default`` when None."""
     if grid is None:
-        return _DEFAULT_GRID
+        return default
     try:
         values = torch.as_tensor(grid, dtype=torch.float64).flatten()
     except (TypeError, ValueError, RuntimeError) as error:
@@ -346,7 +348,7 @@ def fit_sequential_temperatures(
     if not isinstance(log, CalibrationLog):
         raise TypeError(f"log must be a CalibrationLog, got {type(log).__name__}")
     check_int("bins", bins, 1)
-    candidates = _temperature_grid(grid)
+    candidates = temperature_grid(grid)
     known, outcome = (mask.cpu() for mask in prefix_outcomes(log))
     raw = log.survival.detach().cpu().double()
     prefix = torch.ones(log.blocks, dtype=torch.float64)

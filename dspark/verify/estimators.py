@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from dspark.checks import check_int
 from dspark.protocols import ESTIMATOR_HOOKS, ConfidenceEstimator, check_hooks, hook
 from dspark.types import Draft, GenerationStart, StepOutcome
-from dspark.verify.calibration import CalibrationFile, CalibrationLog, CalibrationSet, apply_temperatures, band_of, conditional_outcomes
+from dspark.verify.calibration import CalibrationFile, CalibrationLog, CalibrationSet, apply_temperatures, band_of, conditional_outcomes, temperature_grid
 from dspark.verify.confidence import DraftProbability, DrafterConfidence
 
 __all__ = [
@@ -564,18 +564,6 @@ class CalibratedConfidence:
         return _forward(self.base, "report")
 
 
-def _temperature_grid(grid) -> torch.Tensor:
-    if grid is None:
-        return _DEFAULT_GRID
-    try:
-        values = torch.as_tensor(grid, dtype=torch.float64).flatten()
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(f"grid must be a sequence of temperatures or a 1-D tensor, got {grid!r:.200}") from error
-    if values.numel() == 0 or not bool((values.isfinite() & (values > 0)).all()):
-        raise ValueError(f"grid must be a non-empty sequence of finite temperatures > 0, got {grid!r:.200}")
-    return values
-
-
 def _scaled(survival: torch.Tensor, temperature) -> torch.Tensor:
     return torch.sigmoid(torch.logit(survival, eps=EPS) / temperature)
 
@@ -618,7 +606,7 @@ class DriftCorrectedConfidence:
         self.refit_every = check_int("refit_every", refit_every, 1)
         self.min_samples = check_int("min_samples", min_samples, 1)
         self.tolerance = _real("tolerance", tolerance, 0.0, 1.0)
-        self.grid = _temperature_grid(grid)
+        self.grid = temperature_grid(grid, _DEFAULT_GRID)
         self.temperatures: list[float] = []  # T_k per position seen; 1 until refitted
         self._samples = _PositionSamples(self.window)
         self._scored: torch.Tensor | None = None
