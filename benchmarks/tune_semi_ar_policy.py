@@ -1,9 +1,11 @@
 """Choose a trained SemiARDrafter's default verify rule on held-out *calibration* prompts (never eval/).
 
 Greedy, batch 1, SmolLM2: plain decoding, then a Threshold on the confidence head's survival
-Π c_j for each candidate t (t = 0 verifies all γ drafted tokens). The fastest setting is reported
-and, with ``--write``, stored as ``verify_threshold`` in the drafter's config.json, which is what
-``dspark.wrap(target, drafter)`` then uses.
+Π c_j for each candidate t (t = 0 verifies all γ drafted tokens), and, for a calibrated drafter,
+the DSpark preset (its calibrated estimator, ``HardwareAwareScheduler``, ``profiled_cost_model``).
+The fastest setting is reported and, with ``--write``, stored in the drafter's config.json as what
+``dspark.wrap(target, drafter)`` then uses: ``verify_threshold`` t, or none for the DSpark preset
+(a calibrated drafter without a threshold gets the preset; an uncalibrated one verifies everything).
 
     python benchmarks/tune_semi_ar_policy.py --drafter DIR --write
 """
@@ -23,7 +25,7 @@ from dspark import pretrained, strategies
 from dspark.benchmarking import sweep, write_json
 from dspark.drafters import PromptLookupDrafter, SemiARDrafter
 from dspark.training.data import training_prompts
-from dspark.verify import DrafterConfidence, Threshold
+from dspark.verify import DrafterConfidence, HardwareAwareScheduler, Threshold, calibrated_estimator
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "benchmarks" / "results" / "tune_semi_ar_policy.json"
@@ -49,14 +51,19 @@ def main(argv=None) -> dict:
     settings = [("autoregressive", strategies.autoregressive(PromptLookupDrafter()))]
     for threshold in map(float, args.thresholds.split(",")):
         settings.append((f"threshold={threshold}", dspark.Strategy(drafter=drafter, policy=Threshold(threshold), confidence=DrafterConfidence(), max_draft_tokens=gamma)))
+    if drafter.calibration is not None:
+        settings.append(("dspark", dspark.Strategy(
+            drafter=drafter, policy=HardwareAwareScheduler(max_draft_tokens=gamma), confidence=calibrated_estimator(drafter.calibration),
+            max_draft_tokens=gamma, cost_model=dspark.profiled_cost_model(bundle.target, drafter, gamma),
+        )))
     results = sweep(bundle.target, settings, prompts, args.max_new_tokens)
     best = max((name for name in results if name != "autoregressive"), key=lambda name: results[name]["tokens_per_s"])
-    chosen = float(best.split("=")[1])
+    chosen = None if best == "dspark" else float(best.split("=")[1])
     report = {"command": shlex.join([sys.executable, *sys.argv]), "settings": {**vars(args), "drafter": str(args.drafter)}, "results": results, "chosen_threshold": chosen}
     write_json(OUTPUT, report)
     print(f"fastest: {best}; wrote {OUTPUT}")
     if args.write:
-        config = attrs.evolve(drafter.config, verify_threshold=None if chosen == 0.0 else chosen)
+        config = attrs.evolve(drafter.config, verify_threshold=None if chosen in (None, 0.0) else chosen)
         (args.drafter / "config.json").write_text(config.to_json())
         print(f"stored verify_threshold={config.verify_threshold} in {args.drafter / 'config.json'}")
     return report
