@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     default_models = {name: dspark.wrap(target, drafter) for name, drafter in drafters.items()}
     plain_seconds, plain_steps = 0.0, 0
     # One short untimed call of each method, so the first timed prompt does not pay one-off set-up alone.
-    warm_up = encode_chat(bundle.tokenizer, [prompts[0]["message"]])
+    warm_up = encode_chat(bundle.tokenizer, [prompts[0].message])
     target.generate(**warm_up, max_new_tokens=2, do_sample=False)
     for drafter in [PromptLookupDrafter(), *drafters.values()]:
         dspark.wrap(target, drafter).generate(**warm_up, max_new_tokens=2)
