@@ -308,7 +308,7 @@ def _parameter_count(part) -> int | None:
     if isinstance(part, torch.nn.Module):
         modules = [part]
     else:
-        modules = [value for value in getattr(part, "__dict__", {}).values() if isinstance(value, torch.nn.Module)]
+        modules = [value for value in vars(part).values() if isinstance(value, torch.nn.Module)] if hasattr(part, "__dict__") else []
     if not modules:
         return None
     seen = {id(parameter): parameter.numel() for module in modules for parameter in module.parameters()}
@@ -338,7 +338,7 @@ def profile_key(
     dtype, torch threads and version, the measuring settings, and the drafter (class, parameters, γ).
     Weights' values are left out: a forward's time does not depend on them."""
     weight = target.get_output_embeddings().weight
-    name = getattr(getattr(target, "config", None), "name_or_path", "") or ""
+    name = target.config.name_or_path or "" if hasattr(target, "config") else ""
     return {
         "model": f"{type(target).__name__} {name}".strip(),
         "parameters": sum(parameter.numel() for parameter in target.parameters()),
