@@ -1,0 +1,169 @@
+"""Throughput against per-user speed under load (paper §5.3–5.4, Figures 7 and 8) on SmolLM2.
+
+For each concurrency c, a static batch of c different Spec-Bench first turns generates
+``--max-new-tokens`` tokens per row with each verify policy and both drafters (the shipped
+semi-autoregressive drafter with its calibrated estimator; prompt lookup with the calibrated
+logistic model of its signals), greedy and/or at temperature 1:
+
+* plain decoding (nothing drafted), MTP-1 (``FixedLength(1)``), fixed γ (every drafted token),
+  threshold (``Threshold(0.5)`` on the calibrated survival), vLLM's argmax rule and DSpark
+  (``HardwareAwareScheduler``), the last two with the cost model ``wrap`` profiles on this machine;
+* aggregate tokens/s (all rows' new tokens over the batch's wall time), per-user tokens/s (one
+  row's tokens over that time, averaged over rows), τ, the mean verify length per row and step, each policy's speed
+  over plain decoding and over the best static policy (plain, MTP-1, fixed γ, threshold) at that c;
+* ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
+  length against c (Figure 8).
+
+Every greedy output is checked against plain decoding's; sampled outputs are lossless by the
+sampling law tests.
+
+    python benchmarks/bench_load.py --concurrency 1,4,16 --modes greedy --max-new-tokens 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers.utils import logging as transformers_logging
+
+import dspark
+from dspark import pretrained, strategies
+from dspark.benchmarking import generated_tokens, write_json
+from dspark.drafters import PromptLookupDrafter
+from dspark.pretrained import encode_chat
+from dspark.training.data import eval_prompts
+from dspark.verify import CalibrationFile, Threshold, calibrated_estimator
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+STATIC = ("plain", "mtp1", "fixed_gamma", "threshold")
+MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", default="1,2,4,8,16,32")
+    parser.add_argument("--modes", default="greedy,temperature_1")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--lookup-calibration", default=str(RESULTS / "calibration_prompt_lookup"))
+    parser.add_argument("--data-dir", default=None, help="the prompt-data folder holding eval/ (default: dspark.training.default_data_dir())")
+    parser.add_argument("--output", type=Path, default=RESULTS / "bench_load.json")
+    args = parser.parse_args(argv)
+    args.concurrency = [int(value) for value in args.concurrency.split(",")]
+    args.modes = [mode for mode in args.modes.split(",") if mode]
+    if any(mode not in MODES for mode in args.modes) or min(args.concurrency) < 1:
+        parser.error(f"--modes must be among {sorted(MODES)} and --concurrency ints >= 1, got {args.modes} and {args.concurrency}")
+    return args
+
+
+def _policies(target, drafter, confidence, gamma) -> dict:
+    """Name → Strategy for one drafter; the scheduled ones share the cost model wrap would profile."""
+    cost_model = dspark.profiled_cost_model(target, drafter, gamma)
+    return {
+        "plain": strategies.autoregressive(drafter),
+        "mtp1": strategies.mtp1(drafter),
+        "fixed_gamma": strategies.fixed_length(drafter, gamma),
+        "threshold": dspark.Strategy(drafter=drafter, policy=Threshold(0.5), confidence=confidence, max_draft_tokens=gamma),
+        "vllm_rule": strategies.vllm_rule(drafter, gamma, cost_model, confidence),
+        "dspark": strategies.dspark(drafter, gamma, cost_model, confidence),
+    }
+
+
+def _run(target, strategy, batch, sampling, max_new_tokens) -> tuple[dict, list]:
+    model = dspark.SpeculativeModel(target, strategy)
+    generator = torch.Generator().manual_seed(0)
+    started = time.perf_counter()
+    result = model.generate(**batch, max_new_tokens=max_new_tokens, generator=generator, **sampling)
+    seconds = time.perf_counter() - started
+    rows = batch["input_ids"].shape[0]
+    row_steps = sum(record.rows.numel() for record in result.stats.records)
+    verified = sum(int(record.verify_lengths.sum()) for record in result.stats.records)
+    tokens = generated_tokens(result.sequences, batch["input_ids"].shape[1], target.generation_config.eos_token_id)
+    entry = {
+        "aggregate_tokens_per_s": result.stats.new_tokens / seconds,
+        "per_user_tokens_per_s": result.stats.new_tokens / rows / seconds,
+        "tau": result.stats.tau,
+        "mean_verify_length": verified / max(row_steps, 1),
+        "seconds": seconds,
+    }
+    return entry, tokens
+
+
+def _plot(report: dict, output: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for kind in ("frontier", "verify"):
+        panels = [(drafter, mode) for drafter in report["results"] for mode in report["results"][drafter]]
+        figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False)
+        for axis, (drafter, mode) in zip(axes[0], panels):
+            by_c = report["results"][drafter][mode]
+            for policy in next(iter(by_c.values())):
+                points = [(int(c), by_c[c][policy]) for c in by_c]
+                if kind == "frontier":
+                    axis.plot([p["per_user_tokens_per_s"] for _, p in points], [p["aggregate_tokens_per_s"] for _, p in points], marker="o", label=policy)
+                else:
+                    axis.plot([c for c, _ in points], [p["mean_verify_length"] for _, p in points], marker="o", label=policy)
+            if kind == "frontier":
+                axis.set(title=f"{drafter}, {mode}", xlabel="per-user tokens/s", ylabel="aggregate tokens/s")
+            else:
+                axis.set(title=f"{drafter}, {mode}", xlabel="concurrency c", ylabel="mean verify length per row and step", xscale="log", xticks=[int(c) for c in by_c])
+                axis.set_xticklabels([str(c) for c in by_c])
+            axis.legend(fontsize=8)
+        figure.tight_layout()
+        figure.savefig(output.with_name(f"{output.stem}_{kind}.png"), dpi=110)
+        plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parse_args(argv)
+    transformers_logging.disable_progress_bar()
+    bundle = pretrained.load()
+    target = bundle.target
+    messages = [prompt.message for prompt in eval_prompts(args.data_dir, spec_per_category=max(1, -(-max(args.concurrency) // 13)))]
+    lookup_confidence = calibrated_estimator(CalibrationFile.load(args.lookup_calibration))
+    drafters = {
+        "shipped": (bundle.drafter, calibrated_estimator(bundle.drafter.calibration), bundle.drafter.max_draft_tokens),
+        "prompt_lookup": (PromptLookupDrafter(), lookup_confidence, PromptLookupDrafter().max_draft_tokens),
+    }
+    report = {"command": shlex.join([sys.executable, *sys.argv]), "settings": {**vars(args), "output": str(args.output)}, "results": {}, "mismatches": []}
+    runs = len(drafters) * len(args.modes) * len(args.concurrency) * 6
+    with tqdm(total=runs, desc="load runs", unit="run", mininterval=30) as bar:
+        for drafter_name, (drafter, confidence, gamma) in drafters.items():
+            policies = _policies(target, drafter, confidence, gamma)
+            for mode in args.modes:
+                for c in args.concurrency:
+                    batch = encode_chat(bundle.tokenizer, messages[:c])
+                    entries, reference = {}, None
+                    for name, strategy in policies.items():
+                        # Untimed first: a new batch shape pays one-off set-up (allocations, kernel choices).
+                        _run(target, strategy, batch, MODES[mode], 4)
+                        entries[name], tokens = _run(target, strategy, batch, MODES[mode], args.max_new_tokens)
+                        if mode == "greedy":
+                            reference = tokens if reference is None else reference
+                            if tokens != reference:
+                                report["mismatches"].append({"drafter": drafter_name, "c": c, "policy": name})
+                        bar.update(1)
+                    plain = entries["plain"]["aggregate_tokens_per_s"]
+                    best_static = max(entries[name]["aggregate_tokens_per_s"] for name in STATIC)
+                    for entry in entries.values():
+                        entry["vs_plain"] = entry["aggregate_tokens_per_s"] / plain
+                        entry["vs_best_static"] = entry["aggregate_tokens_per_s"] / best_static
+                    report["results"].setdefault(drafter_name, {}).setdefault(mode, {})[str(c)] = entries
+                    tqdm.write(f"{drafter_name} {mode} c={c}: " + ", ".join(f"{name} {e['vs_plain']:.2f}x (l {e['mean_verify_length']:.2f})" for name, e in entries.items()))
+    write_json(args.output, report)
+    _plot(report, args.output)
+    print(f"wrote {args.output}; greedy mismatches: {len(report['mismatches'])}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
