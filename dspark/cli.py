@@ -167,7 +167,6 @@ def _train(args, parser: argparse.ArgumentParser) -> None:
     from dspark import training
 
     try:
-        data_dir = Path(args.data_dir) if args.data_dir else training.default_data_dir()
         data = training.DataConfig(
             prompts=args.prompts, max_new_tokens=args.max_new_tokens, modes=tuple(mode for mode in args.modes.split(",") if mode),
             generate_batch_size=args.generate_batch_size, top_k=args.top_k, max_sequence_tokens=args.max_sequence_tokens,
@@ -177,6 +176,8 @@ def _train(args, parser: argparse.ArgumentParser) -> None:
             steps=args.steps, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, sequences_per_step=args.sequences_per_step,
             anchors_per_sequence=args.anchors_per_sequence, weight_decay=args.weight_decay, loss_weights=args.loss_weights, seed=args.seed,
         )
+        # The data folder last: a wrong setting is named even where no data folder is found.
+        data_dir = Path(args.data_dir) if args.data_dir else training.default_data_dir()
     except ValueError as error:
         parser.error(str(error))
     work_dir = Path(args.work_dir) if args.work_dir else pretrained.default_cache_dir() / "distill" / args.model
@@ -204,7 +205,6 @@ def _calibrate(args, parser: argparse.ArgumentParser) -> None:
     from dspark.verify.calibration import file_fingerprint
 
     try:
-        data_dir = Path(args.data_dir) if args.data_dir else data.default_data_dir()
         config = calibrate.CollectConfig(
             prompts=args.prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
             bands=tuple(band for band in args.bands.split(",") if band), seed=args.seed,
@@ -215,6 +215,10 @@ def _calibrate(args, parser: argparse.ArgumentParser) -> None:
     output = Path(args.output) if args.output else directory
     if output is None:
         parser.error("--output is needed with --drafter prompt-lookup (or a model without a shipped drafter)")
+    try:
+        data_dir = Path(args.data_dir) if args.data_dir else data.default_data_dir()
+    except ValueError as error:
+        parser.error(str(error))
     fingerprint = None if directory is None else file_fingerprint(directory / "model.safetensors")
     work_dir = Path(args.work_dir) if args.work_dir else pretrained.default_cache_dir() / "calibrate" / args.model / (fingerprint or pretrained.PROMPT_LOOKUP)
     bundle = pretrained.load(args.model, drafter=args.drafter)

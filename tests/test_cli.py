@@ -9,6 +9,7 @@ import pytest
 from dspark import cli
 from dspark.drafters import SemiARDrafter
 from dspark.pretrained import load_target
+from tests.conftest import DATA_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -35,10 +36,11 @@ def test_generate_without_the_fast_path(capsys):
     assert "greedy outputs identical: True" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared/data is not beside the repository")
 def test_train_regenerates_data_and_saves_a_loadable_drafter(tmp_path, capsys):
     """`dspark train --stage data` regenerates answers, adds dataset answers and builds the target store; `--stage train` trains on them
     without regenerating (own answers weighted up) and saves an fp16 drafter that `dspark generate --drafter` uses losslessly."""
-    common = ["train", "--work-dir", str(tmp_path / "work"), "--prompts", "4", "--max-new-tokens", "24", "--modes", "greedy"]
+    common = ["train", "--work-dir", str(tmp_path / "work"), "--data-dir", str(DATA_DIR), "--prompts", "4", "--max-new-tokens", "24", "--modes", "greedy"]
     with pytest.raises(SystemExit):
         cli.main([*common, "--stage", "train", "--output", str(tmp_path / "drafter")])
     assert "no regenerated answers" in capsys.readouterr().err
