@@ -125,6 +125,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     generation = GenerationStart(rows=batch, device=device, max_draft_tokens=strategy.max_draft_tokens,
                                  max_length=prompt_length + spec.max_new_tokens, sampling=spec.sampling)
     estimator = strategy.confidence
+    estimator_observe, estimator_report = (hook(estimator, name, ESTIMATOR_HOOKS) if estimator is not None else None for name in ("observe", "report"))
     observe_step, observe_draft = (hook(strategy.cost_model, name, COST_MODEL_HOOKS) for name in ("observe_step", "observe_draft"))
     for start in (hook(strategy.drafter, "start", DRAFTER_HOOKS), estimator and hook(estimator, "start", ESTIMATOR_HOOKS)):
         if start is not None:
@@ -154,10 +155,10 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
             draft = strategy.drafter.propose(context, max_draft_tokens) if max_draft_tokens > 0 else Draft.empty(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
         survival, verify_lengths = _schedule(strategy, draft, rows.numel(), max(max_draft_tokens, 0), budget)
-        drafted = time.perf_counter()
 
         # 4. One target forward over [anchor, x_1..x_ℓ] for every row.
-        width = 1 + int(verify_lengths.max())
+        width = 1 + int(verify_lengths.max())  # a host sync: the drafting time below includes the device's work
+        drafted = time.perf_counter()
         positions = torch.arange(width, device=device)[None, :]
         tokens = torch.cat([context.anchors[:, None], draft.tokens[:, : width - 1]], dim=1)
         logits, features = _target_forward(spec, tokens, cache, positions < 1 + verify_lengths[:, None], keep=width)
@@ -175,6 +176,9 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         sequences[row_index[written], (end[rows][:, None] + positions)[written]] = block[written]
         end[rows] += count
         emitted[rows] += count
+        # One device-to-host copy for the step's counts (each .cpu() is a sync on an accelerator), so the
+        # verify time below includes the device's work too.
+        counts = torch.stack([rows, verify_lengths, accepted.long(), count.long(), draft.lengths.clamp(0, draft.num_tokens)]).cpu()
         verified = time.perf_counter()
         if spec.streamer is not None:
             spec.streamer.put(block[0, : int(count[0])].cpu())
@@ -182,18 +186,14 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         # 7. Observe: the estimator learns only from steps it scored, after their survival was used.
         outcome = StepOutcome(rows=rows, verify_lengths=verify_lengths, accepted=accepted, next_tokens=next_tokens, finished=finished)
         strategy.drafter.observe(outcome)
-        estimator_observe = hook(estimator, "observe", ESTIMATOR_HOOKS) if survival is not None else None
-        if estimator_observe is not None:
+        if survival is not None and estimator_observe is not None:
             estimator_observe(outcome)
-        report = hook(estimator, "report", ESTIMATOR_HOOKS) if estimator is not None else None
-        # One device-to-host copy for the step's counts (each .cpu() is a sync on an accelerator).
-        counts = torch.stack([rows, verify_lengths, accepted.long(), count.long(), draft.lengths.clamp(0, draft.num_tokens)]).cpu()
         records.append(
             StepRecord(
                 rows=counts[0], verify_lengths=counts[1], accepted=counts[2], emitted=counts[3], drafted=counts[4],
                 survival=None if survival is None else survival.float().cpu(),
                 draft_seconds=drafted - started, verify_seconds=verified - drafted, cache_slots=cache.slots,
-                estimator=None if report is None else report(),
+                estimator=estimator_report() if survival is not None and estimator_report is not None else None,
             )
         )
         # The cost model learns what this step's forward and drafting actually took.

@@ -113,9 +113,9 @@ def test_bad_configs_are_refused(llama, overrides, message):
 
 
 def test_wrap_uses_the_drafters_measured_default_policy(llama):
-    """wrap with no policy verifies every drafted token, or thresholds the confidence head when the config says so; the head scores survival either way."""
+    """wrap with no policy verifies every drafted token, or thresholds the confidence head when the config says so."""
     plain = dspark.wrap(llama, _drafter(llama)).strategy
-    assert plain.policy == FixedLength(4) and isinstance(plain.confidence, DrafterConfidence) and plain.max_draft_tokens == 4
+    assert plain.policy == FixedLength(4) and plain.confidence is None and plain.max_draft_tokens == 4
     thresholded = dspark.wrap(llama, _drafter(llama, verify_threshold=0.3)).strategy
     assert thresholded.policy == Threshold(0.3) and isinstance(thresholded.confidence, DrafterConfidence) and thresholded.max_draft_tokens == 4
     assert dspark.wrap(llama, _drafter(llama, verify_threshold=0.3), policy=FixedLength(2)).strategy.confidence is None

@@ -443,9 +443,13 @@ class SemiARDrafter(nn.Module):
 
     @property
     def default_confidence(self):
-        """The confidence head (``DrafterConfidence``), or, when ``from_pretrained`` found a
-        ``calibration.json``, its default estimator calibrated per sampling band."""
-        return DrafterConfidence() if self.calibration is None else calibrated_estimator(self.calibration)
+        """When ``from_pretrained`` found a ``calibration.json``, its default estimator calibrated per
+        sampling band; else the confidence head (``DrafterConfidence``) when the default policy is a
+        threshold, and None for ``FixedLength``."""
+        if self.calibration is not None:
+            return calibrated_estimator(self.calibration)
+        # FixedLength reads no survival: scoring it would only cost a copy to the host every step.
+        return None if self.config.verify_threshold is None else DrafterConfidence()
 
     # -- Drafter protocol ----------------------------------------------------------------------
 
