@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from collections.abc import Mapping
 
-__all__ = ["check_int", "check_seconds", "deprecated_alias", "int_at_least", "unit_interval"]
+__all__ = ["check_format", "check_int", "check_seconds", "deprecated_alias", "int_at_least", "unit_interval"]
 
 
 def deprecated_alias(new_name: str, old_name: str, removed_in: str = "0.3") -> property:
@@ -42,6 +43,16 @@ def check_seconds(name: str, value) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)
+
+
+def check_format(data, owner: str, version: int):
+    """``data`` if it is a mapping written by ``owner``'s ``to_dict`` with ``format_version`` ``version``:
+    TypeError for a non-mapping, ValueError for another version."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"data must be a mapping from {owner}.to_dict, got {type(data).__name__}")
+    if data.get("format_version") != version:
+        raise ValueError(f"data['format_version'] of a {owner} must be {version}, got {data.get('format_version')!r}")
+    return data
 
 
 def int_at_least(minimum: int, optional: bool = False):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dspark.checks import check_int, deprecated_alias
+from dspark.checks import check_format, check_int, deprecated_alias
 
 
 @pytest.mark.parametrize("value, error", [(2.0, TypeError), (True, TypeError), ("3", TypeError), (-1, ValueError)])
@@ -29,3 +29,12 @@ def test_deprecated_alias_reads_the_new_name_and_warns():
 
     with pytest.warns(DeprecationWarning, match="Part.k is deprecated and will be removed in 0.3; use max_draft_tokens"):
         assert Part().k == 5
+
+
+def test_check_format_names_the_owner_and_the_version():
+    """check_format passes a mapping of the right version through and names the owner on anything else."""
+    assert check_format({"format_version": 1, "x": 2}, "Thing", 1) == {"format_version": 1, "x": 2}
+    with pytest.raises(TypeError, match="data must be a mapping from Thing.to_dict, got list"):
+        check_format([], "Thing", 1)
+    with pytest.raises(ValueError, match=r"data\['format_version'\] of a Thing must be 1, got 2"):
+        check_format({"format_version": 2}, "Thing", 1)

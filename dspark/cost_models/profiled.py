@@ -41,7 +41,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from dspark.checks import check_int, check_seconds
+from dspark.checks import check_format, check_int, check_seconds
 from dspark.cost_models.profiling import cost_curve
 from dspark.fast_path import FastPath, on_cpu
 from dspark.protocols import DRAFTER_HOOKS, hook
@@ -148,11 +148,7 @@ class CostTable:
     @classmethod
     def from_dict(cls, data: Mapping) -> "CostTable":
         """The table ``to_dict`` wrote; refuses another ``format_version`` or a missing field by name."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"data must be a mapping from CostTable.to_dict, got {type(data).__name__}")
-        version = data.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"format_version must be {FORMAT_VERSION}, got {version!r}")
+        check_format(data, "CostTable", FORMAT_VERSION)
         missing = [name for name in ("rows", "tokens", "step_seconds") if name not in data]
         if missing:
             raise ValueError(f"data is missing the field(s) {missing} of a CostTable")

@@ -24,7 +24,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from dspark.checks import check_int
+from dspark.checks import check_format, check_int
 
 if TYPE_CHECKING:
     from dspark.stats import StepRecord
@@ -389,14 +389,19 @@ class IsotonicMap:
 
     knots: tuple[float, ...] = attrs.field(converter=_float_tuple, validator=_validate_knots)
     values: tuple[float, ...] = attrs.field(converter=_float_tuple, validator=_validate_knots)
+    # (dtype, device) → (knots, values) tensors: built once, not on every decoding step.
+    _tensors: dict = attrs.field(init=False, factory=dict, eq=False, repr=False)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The map applied elementwise, in x's dtype (at least float32) and on its device."""
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
         dtype = torch.promote_types(x.dtype, torch.float32)
-        knots = torch.tensor(self.knots, dtype=dtype, device=x.device)
-        values = torch.tensor(self.values, dtype=dtype, device=x.device)
+        if (dtype, x.device) not in self._tensors:
+            self._tensors[(dtype, x.device)] = (
+                torch.tensor(self.knots, dtype=dtype, device=x.device), torch.tensor(self.values, dtype=dtype, device=x.device)
+            )
+        knots, values = self._tensors[(dtype, x.device)]
         if knots.numel() == 1:
             return values.expand_as(x).clone()
         x = x.to(dtype).clamp(knots[0], knots[-1]).contiguous()
@@ -506,10 +511,7 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: Mapping) -> Calibration:
         """The inverse of ``to_dict``; ValueError on an unknown format version or method."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"data must be a mapping from Calibration.to_dict, got {type(data).__name__}")
-        if data.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"data['format_version'] must be {FORMAT_VERSION}, got {data.get('format_version')!r}")
+        check_format(data, "Calibration", FORMAT_VERSION)
         method, parameters = data.get("method"), data.get("parameters")
         if method not in METHODS:
             raise ValueError(f"data['method'] must be one of {METHODS}, got {method!r}")
@@ -569,8 +571,7 @@ class CalibrationSet:
     @classmethod
     def from_dict(cls, data: Mapping) -> CalibrationSet:
         """The inverse of ``to_dict``; ValueError on an unknown format version."""
-        if not isinstance(data, Mapping) or data.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"data must be CalibrationSet.to_dict output with format_version {FORMAT_VERSION}, got {data!r:.200}")
+        check_format(data, "CalibrationSet", FORMAT_VERSION)
         bands = {band: Calibration.from_dict(fit) for band, fit in data["bands"].items()}
         return cls(data["estimator"], bands, data.get("fingerprint"))
 
@@ -627,9 +628,7 @@ class CalibrationFile:
         path = Path(directory) / CALIBRATION_FILE
         if not path.is_file():
             return None
-        data = json.loads(path.read_text())
-        if not isinstance(data, Mapping) or data.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{str(path)!r} must have format_version {FORMAT_VERSION}, got {data.get('format_version') if isinstance(data, Mapping) else data!r}")
+        data = check_format(json.loads(path.read_text()), "CalibrationFile", FORMAT_VERSION)
         sets = {item["estimator"]: CalibrationSet.from_dict(item) for item in data["sets"]}
         for item in sets.values():
             if fingerprint is not None and item.fingerprint not in (None, fingerprint):

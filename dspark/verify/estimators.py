@@ -25,7 +25,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from dspark.checks import check_int
+from dspark.checks import check_format, check_int
 from dspark.protocols import ESTIMATOR_HOOKS, ConfidenceEstimator, check_hooks, hook
 from dspark.types import Draft, GenerationStart, StepOutcome
 from dspark.verify.calibration import CalibrationFile, CalibrationLog, CalibrationSet, apply_temperatures, band_of, conditional_outcomes, temperature_grid
@@ -308,10 +308,7 @@ class LogisticConfidence:
     @classmethod
     def from_dict(cls, data: Mapping) -> LogisticConfidence:
         """The inverse of ``to_dict``; ValueError on an unknown format version or missing coefficients."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"data must be a mapping from LogisticConfidence.to_dict, got {type(data).__name__}")
-        if data.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"data['format_version'] must be {FORMAT_VERSION}, got {data.get('format_version')!r}")
+        check_format(data, "LogisticConfidence", FORMAT_VERSION)
         if not isinstance(data.get("coefficients"), list):
             raise ValueError(f"data['coefficients'] must be a list of [bias, w_1..w_F] lists, got {data.get('coefficients')!r:.200}")
         return cls(data["coefficients"])
