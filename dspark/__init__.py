@@ -3,11 +3,11 @@
 from typing import TYPE_CHECKING
 
 from dspark import cost_models, drafters, strategies, verify
-from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, VerifyPolicy
+from dspark.protocols import ConfidenceEstimator, CostModel, Drafter, FallbackRun, RowFallback, VerifyPolicy
 from dspark.speculative import SpeculativeModel, generate, profiled_cost_model, wrap
 from dspark.stats import GenerationResult, GenerationStats, StepRecord, VerifiedToken
 from dspark.strategy import Strategy
-from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome
+from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome, VerifyContext
 
 if TYPE_CHECKING:
     from dspark import pretrained, training
@@ -20,15 +20,18 @@ __all__ = [
     "Draft",
     "DraftContext",
     "Drafter",
+    "FallbackRun",
     "GenerationResult",
     "GenerationStart",
     "GenerationStats",
+    "RowFallback",
     "SamplingConfig",
     "SpeculativeModel",
     "StepOutcome",
     "StepRecord",
     "Strategy",
     "VerifiedToken",
+    "VerifyContext",
     "VerifyPolicy",
     "cost_models",
     "drafters",

@@ -1,7 +1,9 @@
 """The speculative generate loop: one target forward per step over a ragged batch.
 
 Before the first step the drafter's and the estimator's optional ``start`` hooks learn the batch
-(``GenerationStart``). Each step: (1) the drafter proposes, (2) the estimator scores survival,
+(``GenerationStart``), and the policy's row fallback, if it has one, starts a run. Each step: (0) the
+fallback and the per-request caps name the rows worth drafting for, (1) the drafter proposes for them
+(every row's features still reach it), (2) the estimator scores survival,
 (3) the policy picks ℓ_r, (4) the target runs once on [anchor, x_1..x_ℓ] for every row, (5) the
 acceptance rule keeps a prefix and adds one token, (6) the cache keeps accepted slots and the tokens
 are written out, (7) the drafter (and an estimator that scored this step) observe the outcome,
@@ -18,10 +20,10 @@ import torch
 
 from dspark.fast_path import FastPath
 from dspark.kv import RaggedCache
-from dspark.protocols import COST_MODEL_HOOKS, DRAFTER_HOOKS, ESTIMATOR_HOOKS, hook
+from dspark.protocols import COST_MODEL_HOOKS, DRAFTER_HOOKS, ESTIMATOR_HOOKS, POLICY_HOOKS, hook
 from dspark.stats import GenerationResult, GenerationStats, StepRecord
 from dspark.strategy import Strategy
-from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome
+from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome, VerifyContext
 from dspark.verify.acceptance import greedy_accept, rejection_sample
 from dspark.verify.warping import warped_probs
 
@@ -30,7 +32,9 @@ __all__ = ["LoopSpec", "run_generation"]
 
 @attrs.frozen
 class LoopSpec:
-    """Everything a generation needs besides the prompt, validated by the caller."""
+    """Everything a generation needs besides the prompt, validated by the caller. ``draft_caps``: each
+    request's cap on its verify length (LongTensor[B], None: no cap); ``priority``: each request's
+    weight w_r > 0 (FloatTensor[B], None: all 1)."""
 
     target: torch.nn.Module
     strategy: Strategy
@@ -42,6 +46,8 @@ class LoopSpec:
     generator: torch.Generator | None = None
     streamer: object | None = None
     fast_path: FastPath | None = None
+    draft_caps: torch.Tensor | None = None
+    priority: torch.Tensor | None = None
 
     def forward_mode(self):
         """The block in which dspark's own forwards (target and drafter) run: the fast path when set."""
@@ -82,18 +88,32 @@ def _cut(block: torch.Tensor, count: torch.Tensor, budget: torch.Tensor, eos: to
     return count, is_eos.any(dim=1) | (count == budget)
 
 
-def _schedule(strategy: Strategy, draft: Draft, rows: int, max_draft_tokens: int, budget: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Steps 2 and 3: survival c[r, k] (None without an estimator) and verify lengths ℓ_r ≤ what each row may emit."""
+def _drafting(run, caps: torch.Tensor | None, host_rows: torch.Tensor) -> torch.Tensor | None:
+    """Step 0: which of this step's rows to draft for (host BoolTensor[R]), None for all of them."""
+    drafting = None if run is None else run.draft_rows(host_rows)
+    if caps is not None:
+        capped = caps[host_rows] > 0
+        drafting = capped if drafting is None else drafting & capped
+    return None if drafting is None or bool(drafting.all()) else drafting
+
+
+def _schedule(spec: LoopSpec, draft: Draft, context: VerifyContext, max_draft_tokens: int, limits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Steps 2 and 3: survival c[r, k] (None without an estimator) and verify lengths ℓ_r ≤ ``limits``
+    (what each row may emit, its cap, 0 for rows not drafted) and ≤ its draft's length."""
+    strategy, rows = spec.strategy, limits.shape[0]
     if draft.tokens.shape[0] != rows or draft.num_tokens > max_draft_tokens:
         raise ValueError(
             f"{type(strategy.drafter).__name__}.propose must return at most {max_draft_tokens} tokens for each of {rows} rows, "
             f"got tokens of shape {tuple(draft.tokens.shape)}"
         )
     if draft.num_tokens == 0:
-        return None, torch.zeros_like(budget)
+        return None, torch.zeros_like(limits)
     survival = strategy.confidence.survival(draft) if strategy.confidence is not None else None
-    limits = torch.minimum(draft.lengths.clamp(0, draft.num_tokens), budget - 1)
-    verify_lengths = strategy.policy.lengths(survival, strategy.cost_model, limits)
+    limits = torch.minimum(draft.lengths.clamp(0, draft.num_tokens), limits)
+    if hook(strategy.policy, "reads_context", POLICY_HOOKS):
+        verify_lengths = strategy.policy.lengths(survival, strategy.cost_model, limits, context)
+    else:
+        verify_lengths = strategy.policy.lengths(survival, strategy.cost_model, limits)
     return survival, torch.minimum(verify_lengths.long().clamp_min(0), limits)
 
 
@@ -123,7 +143,11 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     cache = RaggedCache(batch, device, hole_budget=strategy.max_draft_tokens + 1)
     records = []
     generation = GenerationStart(rows=batch, device=device, max_draft_tokens=strategy.max_draft_tokens,
-                                 max_length=prompt_length + spec.max_new_tokens, sampling=spec.sampling)
+                                 max_length=prompt_length + spec.max_new_tokens, sampling=spec.sampling, priority=spec.priority)
+    priority = torch.ones(batch, device=device) if spec.priority is None else spec.priority
+    host_caps, host_rows = None if spec.draft_caps is None else spec.draft_caps.cpu(), torch.arange(batch)
+    fallback = hook(strategy.policy, "row_fallback", POLICY_HOOKS)
+    fallback_run = None if fallback is None else fallback.start(generation, strategy.cost_model)
     estimator = strategy.confidence
     estimator_observe, estimator_report = (hook(estimator, name, ESTIMATOR_HOOKS) if estimator is not None else None for name in ("observe", "report"))
     observe_step, observe_draft = (hook(strategy.cost_model, name, COST_MODEL_HOOKS) for name in ("observe_step", "observe_draft"))
@@ -145,16 +169,25 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     while rows.numel() > 0:
         started = time.perf_counter()
         budget = spec.max_new_tokens - emitted[rows]
-        # 1. Draft: never more tokens than any row could still emit after its anchor's successor.
-        max_draft_tokens = min(strategy.max_draft_tokens, int(budget.max()) - 1)
+        # 0. The rows worth drafting for (decided on the host from earlier steps only).
+        drafting = _drafting(fallback_run, host_caps, host_rows)
+        drafted_rows = rows.numel() if drafting is None else int(drafting.sum())
+        limits = budget - 1 if spec.draft_caps is None else torch.minimum(budget - 1, spec.draft_caps[rows])
+        if drafting is not None:
+            limits = limits * drafting.to(device)
+        # 1. Draft: never more tokens than any row could still emit after its anchor's successor. Even with
+        # no row to draft for, propose runs (for 0 tokens) so that stateful drafters read the features.
+        max_draft_tokens = max(min(strategy.max_draft_tokens, int(budget.max()) - 1), 0) if drafted_rows > 0 else 0
         context = DraftContext(
             tokens=sequences[rows], begin=begin[rows], end=end[rows], rows=rows, step=step,
             sampling=spec.sampling, generator=spec.generator, features=features, feature_mask=feature_mask,
+            draft_rows=None if drafting is None else drafting.nonzero().squeeze(1).to(device),
         )
         with spec.forward_mode():
-            draft = strategy.drafter.propose(context, max_draft_tokens) if max_draft_tokens > 0 else Draft.empty(rows.numel(), device)
+            draft = strategy.drafter.propose(context, max_draft_tokens)
         # 2. Survival, 3. verify lengths.
-        survival, verify_lengths = _schedule(strategy, draft, rows.numel(), max(max_draft_tokens, 0), budget)
+        verify_context = VerifyContext(rows=rows, priority=priority[rows], drafted_rows=drafted_rows if max_draft_tokens > 0 else 0)
+        survival, verify_lengths = _schedule(spec, draft, verify_context, max_draft_tokens, limits)
 
         # 4. One target forward over [anchor, x_1..x_ℓ] for every row.
         width = 1 + int(verify_lengths.max())  # a host sync: the drafting time below includes the device's work
@@ -178,7 +211,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         emitted[rows] += count
         # One device-to-host copy for the step's counts (each .cpu() is a sync on an accelerator), so the
         # verify time below includes the device's work too.
-        counts = torch.stack([rows, verify_lengths, accepted.long(), count.long(), draft.lengths.clamp(0, draft.num_tokens)]).cpu()
+        counts = torch.stack([rows, verify_lengths, accepted.long(), count.long(), draft.lengths.clamp(0, draft.num_tokens), finished.long()]).cpu()
         verified = time.perf_counter()
         if spec.streamer is not None:
             spec.streamer.put(block[0, : int(count[0])].cpu())
@@ -199,12 +232,16 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         # The cost model learns what this step's forward and drafting actually took.
         if observe_step is not None:
             observe_step(rows.numel(), width, verified - drafted)
-        if observe_draft is not None and draft.num_tokens > 0:
-            observe_draft(rows.numel(), drafted - started)
+        if observe_draft is not None and draft.num_tokens > 0 and verify_context.drafted_rows > 0:
+            observe_draft(verify_context.drafted_rows, drafted - started)
+        if fallback_run is not None:
+            was_drafted = torch.full((rows.numel(),), max_draft_tokens > 0) if drafting is None else drafting & (max_draft_tokens > 0)
+            fallback_run.observe(counts[0], was_drafted, counts[1], counts[2])
         # 8. Finished rows stop costing compute.
-        if bool(finished.any()):
+        host_finished = counts[5].bool()
+        if bool(host_finished.any()):
             still = ~finished
-            rows, feature_mask = rows[still], feature_mask[still]
+            rows, feature_mask, host_rows = rows[still], feature_mask[still], host_rows[~host_finished]
             features = None if features is None else features[still]
             cache.drop_finished(finished)
         step += 1

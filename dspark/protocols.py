@@ -10,7 +10,7 @@ import attrs
 import torch
 from typing_extensions import Protocol, runtime_checkable
 
-from dspark.types import Draft, DraftContext, StepOutcome
+from dspark.types import Draft, DraftContext, GenerationStart, StepOutcome
 
 __all__ = [
     "ConfidenceEstimator",
@@ -21,6 +21,8 @@ __all__ = [
     "ESTIMATOR_HOOKS",
     "Hook",
     "POLICY_HOOKS",
+    "FallbackRun",
+    "RowFallback",
     "VerifyPolicy",
     "check_hooks",
     "hook",
@@ -43,8 +45,9 @@ class Drafter(Protocol):
     vocab_size: int | None
 
     def propose(self, context: DraftContext, max_draft_tokens: int) -> Draft:
-        """Return a draft of at most ``max_draft_tokens`` tokens for every row of ``context`` (the loop
-        passes it positionally, so an implementation may name it as it likes)."""
+        """Return a draft of at most ``max_draft_tokens`` tokens (0 on a step where no row is drafted)
+        for every row of ``context``; only the rows in ``context.draft_rows`` (all when None) are verified.
+        The loop passes ``max_draft_tokens`` positionally, so an implementation may name it as it likes."""
         ...
 
     def observe(self, outcome: StepOutcome) -> None:
@@ -82,10 +85,36 @@ class CostModel(Protocol):
 
 @runtime_checkable
 class VerifyPolicy(Protocol):
-    """Chooses how many draft tokens ℓ_r of each row the target checks. Optional hooks: ``POLICY_HOOKS``."""
+    """Chooses how many draft tokens ℓ_r of each row the target checks. Optional hooks: ``POLICY_HOOKS``;
+    a policy that declares ``reads_context`` is called with a fourth argument, the step's ``VerifyContext``."""
 
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
         """LongTensor[R] with 0 ≤ ℓ_r ≤ limits[r]; ``survival`` is None when no estimator is configured."""
+        ...
+
+
+@runtime_checkable
+class FallbackRun(Protocol):
+    """One generation's row fallback (what ``RowFallback.start`` returns): before each proposal it names
+    the rows worth drafting for, after each step it learns what drafting them gained. Both methods work
+    on host (CPU) tensors, so the decision costs the loop no device synchronisation."""
+
+    def draft_rows(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """BoolTensor[R]: draft for row i of this step (``rows``: the batch indices, LongTensor[R]); None: all."""
+        ...
+
+    def observe(self, rows: torch.Tensor, drafted: torch.Tensor, verify_lengths: torch.Tensor, accepted: torch.Tensor) -> None:
+        """The step's outcome per row: whether it was drafted for, ℓ_r, and the accepted count n_r."""
+        ...
+
+
+@runtime_checkable
+class RowFallback(Protocol):
+    """A verify policy's per-row fallback (``POLICY_HOOKS["row_fallback"]``): rows whose drafting does
+    not pay skip ``propose`` — their ℓ_r is 0 before any token is drawn — and are re-probed later."""
+
+    def start(self, generation: GenerationStart, cost_model: CostModel) -> FallbackRun:
+        """A fresh ``FallbackRun`` for a generation (its state lives there, not on the policy)."""
         ...
 
 
@@ -130,6 +159,12 @@ POLICY_HOOKS: dict[str, Hook] = {
     "max_draft_tokens": Hook(
         None, lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an int >= 0",
         "the longest verify length it picks; wrap uses it as γ", deprecated_names=("max_length",),
+    ),
+    "reads_context": Hook(
+        False, lambda value: isinstance(value, bool), "a bool", "lengths takes a fourth argument, the step's VerifyContext (rows, priority, drafted rows)"
+    ),
+    "row_fallback": Hook(
+        None, lambda value: isinstance(value, RowFallback), "a dspark.RowFallback", "decides before each proposal which rows to draft for"
     ),
 }
 

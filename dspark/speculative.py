@@ -18,6 +18,7 @@ from dspark.validation import (
     check_generator,
     check_max_new_tokens,
     check_prompt,
+    check_row_values,
     context_length,
     eos_ids,
 )
@@ -91,6 +92,8 @@ class SpeculativeModel:
         generator: torch.Generator | None = None,
         streamer=None,
         pad_token_id: int | None = None,
+        max_draft_tokens_per_row=None,
+        priority=None,
     ) -> GenerationResult:
         """Generate like ``model.generate``: greedy output equals the target's greedy output token for token,
         sampled output follows the target's warped distribution exactly.
@@ -100,8 +103,17 @@ class SpeculativeModel:
         temperature/top-k/top-p defaults are not applied (``top_k=None`` means no top-k). Generation-config
         settings that would change the decoded tokens (repetition penalty, banned words, …) are refused.
         ``generator`` makes sampling reproducible. ``streamer`` (any transformers streamer) needs batch size 1.
+
+        Per request (one value per row of ``input_ids``): ``max_draft_tokens_per_row`` caps how many draft
+        tokens of that row the target verifies in a step (0: the row is never drafted for, plain decoding);
+        ``priority`` weights the row's tokens (w_r > 0) in policies that read it, such as the
+        hardware-aware scheduler, which then spends verification on high-priority rows first. Neither
+        changes any row's output.
         """
         input_ids, attention_mask = check_prompt(input_ids, attention_mask, self.vocab_size)
+        rows = input_ids.shape[0]
+        draft_caps = check_row_values("max_draft_tokens_per_row", max_draft_tokens_per_row, rows, input_ids.device, integer=True)
+        priority = check_row_values("priority", priority, rows, input_ids.device, integer=False)
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         check_generator(generator, input_ids.device)
@@ -134,6 +146,8 @@ class SpeculativeModel:
             generator=generator,
             streamer=streamer,
             fast_path=self.fast_path,
+            draft_caps=draft_caps,
+            priority=priority,
         )
         return run_generation(spec, input_ids, attention_mask)
 

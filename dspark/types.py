@@ -7,7 +7,7 @@ import torch
 
 from dspark.checks import int_at_least
 
-__all__ = ["SamplingConfig", "GenerationStart", "DraftContext", "Draft", "StepOutcome"]
+__all__ = ["SamplingConfig", "GenerationStart", "DraftContext", "Draft", "StepOutcome", "VerifyContext"]
 
 
 @attrs.frozen
@@ -36,7 +36,9 @@ class GenerationStart:
 
     ``rows``: the batch size; every later ``DraftContext.rows`` and ``StepOutcome.rows`` indexes it.
     ``max_draft_tokens``: the block width γ of this generation; ``max_length``: the longest a row's
-    context can grow (prompt plus ``max_new_tokens``); ``sampling``: how tokens are chosen.
+    context can grow (prompt plus ``max_new_tokens``); ``sampling``: how tokens are chosen;
+    ``priority``: each row's weight w_r > 0 as the caller of ``generate`` gave it (FloatTensor[rows],
+    None: all equal), which goodput-maximising parts weigh the row's tokens by.
     """
 
     rows: int = attrs.field(validator=int_at_least(0))
@@ -44,6 +46,7 @@ class GenerationStart:
     max_draft_tokens: int = attrs.field(validator=int_at_least(0))
     max_length: int = attrs.field(validator=int_at_least(1))
     sampling: SamplingConfig = attrs.field(validator=attrs.validators.instance_of(SamplingConfig))
+    priority: torch.Tensor | None = None
 
 
 @attrs.frozen
@@ -58,6 +61,14 @@ class DraftContext:
     those layers for the T tokens of its last forward (the prompt's prefill, then each verify step),
     and ``feature_mask`` [R, T] marks the ones that were committed (the rest were padding or rejected).
     Committed positions are, in order, the context tokens after those the drafter has already seen.
+
+    ``draft_rows``: LongTensor[k], the positions (0..R−1, ascending) of the rows to draft for this step,
+    or None for all of them. A verify policy's row fallback (``POLICY_HOOKS["row_fallback"]``) or a
+    per-request cap of 0 leaves the other rows out: the target verifies none of their tokens, so a
+    drafter should spend no work on them (``Draft.placed`` spreads a subset's draft over the batch); one
+    that drafts them anyway stays correct and only wastes the time. A stateful drafter must still read
+    every row's ``features``; that is why ``propose`` is called, with ``max_draft_tokens`` 0, even on a
+    step where no row is drafted.
     """
 
     tokens: torch.Tensor
@@ -69,6 +80,7 @@ class DraftContext:
     generator: torch.Generator | None = None
     features: torch.Tensor | None = None
     feature_mask: torch.Tensor | None = None
+    draft_rows: torch.Tensor | None = None
 
     @property
     def anchors(self) -> torch.Tensor:
@@ -127,6 +139,22 @@ class Draft:
             confidence=None if confidence is None else torch.stack(confidence, dim=1).float(),
         )
 
+    def placed(self, rows: int, positions: torch.Tensor) -> "Draft":
+        """This draft of k rows spread over a batch of ``rows`` rows: its row i becomes row
+        ``positions[i]``; every other row gets length 0 (and zero tokens, q, confidence and signals)."""
+        if tuple(positions.shape) != (self.tokens.shape[0],):
+            raise ValueError(f"positions must hold one batch row per draft row ({self.tokens.shape[0]}), got shape {tuple(positions.shape)}")
+
+        def spread(values: torch.Tensor | None) -> torch.Tensor | None:
+            if values is None:
+                return None
+            return values.new_zeros((rows, *values.shape[1:])).index_copy_(0, positions, values)
+
+        return Draft(
+            tokens=spread(self.tokens), lengths=spread(self.lengths), probs=spread(self.probs),
+            confidence=spread(self.confidence), signals=spread(self.signals),
+        )
+
     @property
     def num_tokens(self) -> int:
         """γ, the block width (the longest proposal in the batch)."""
@@ -147,3 +175,19 @@ class StepOutcome:
     accepted: torch.Tensor
     next_tokens: torch.Tensor
     finished: torch.Tensor
+
+
+@attrs.frozen
+class VerifyContext:
+    """What a verify policy that declares ``reads_context`` (``POLICY_HOOKS``) learns besides survival,
+    the cost model and the limits, for the R rows of this step.
+
+    ``rows``: the rows' indices in the caller's batch, LongTensor[R]; ``priority``: each row's weight
+    w_r > 0 (FloatTensor[R], all 1 unless the caller of ``generate`` passed ``priority``), so that a
+    policy can maximise the weighted goodput Σ_r w_r·(tokens of row r) per second; ``drafted_rows``:
+    how many rows were drafted this step (the others have limit 0), for the cost model's ``draft_time``.
+    """
+
+    rows: torch.Tensor
+    priority: torch.Tensor
+    drafted_rows: int = attrs.field(validator=int_at_least(0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 
@@ -16,6 +17,7 @@ __all__ = [
     "check_forward_signature",
     "check_generation_config",
     "check_generator",
+    "check_row_values",
     "context_length",
     "eos_ids",
 ]
@@ -152,3 +154,22 @@ def eos_ids(eos_token_id, vocab_size: int) -> list[int]:
     if not isinstance(values, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab_size for v in values):
         raise ValueError(f"eos_token_id must be None, an int or a list of ints in [0, {vocab_size}), got {eos_token_id!r}")
     return list(values)
+
+
+def check_row_values(name: str, values, rows: int, device: torch.device, integer: bool) -> torch.Tensor | None:
+    """One value per batch row as a tensor on ``device`` (LongTensor of ints >= 0 when ``integer``, else
+    FloatTensor of finite numbers > 0), or None for None; refuses anything else, naming ``name``."""
+    if values is None:
+        return None
+    allowed = "ints >= 0" if integer else "finite numbers > 0"
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().tolist() if values.dim() == 1 else values
+    if not isinstance(values, (list, tuple)) or len(values) != rows:
+        raise ValueError(f"{name} must be a sequence (or 1-D tensor) of {rows} {allowed}, one per row of input_ids, got {values!r}")
+    for value in values:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if integer and not (number and float(value).is_integer() and value >= 0):
+            raise ValueError(f"{name} must hold {allowed}, got {values!r}")
+        if not integer and not (number and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must hold {allowed}, got {values!r}")
+    return torch.tensor([int(value) for value in values] if integer else [float(value) for value in values], device=device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import torch
 from hypothesis import strategies as st
 
@@ -209,3 +210,31 @@ def cost_grids(draw, max_size: int = 5):
     value = st.one_of(st.just(0.0), st.floats(0.001, 10.0), st.sampled_from([0.5, 1.0]))
     seconds = [[draw(value) for _ in tokens] for _ in rows]
     return rows, tokens, seconds
+
+
+@attrs.frozen
+class AffineCosts:
+    """T(R, w) = step + widen·(w − 1) + per_row·R; D(k) = draft_base + draft_row·k."""
+
+    step: float
+    widen: float
+    per_row: float
+    draft_base: float
+    draft_row: float
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        return self.step + self.widen * (tokens - 1) + self.per_row * rows
+
+    def draft_time(self, rows: int) -> float:
+        return self.draft_base + self.draft_row * rows
+
+
+@st.composite
+def fallback_problems(draw, max_rows: int = 8):
+    """(gains FloatTensor[n] float64 ≥ 0 with ties and zeros, widths LongTensor[n] in 0..4, AffineCosts)."""
+    rows = draw(st.integers(1, max_rows))
+    gains = torch.tensor(draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0, 3.5]), min_size=rows, max_size=rows)), dtype=torch.float64)
+    widths = torch.tensor(draw(st.lists(st.integers(0, 4), min_size=rows, max_size=rows)), dtype=torch.long)
+    seconds = st.floats(0.0, 2.0)
+    costs = AffineCosts(step=draw(st.floats(0.1, 2.0)), widen=draw(seconds), per_row=draw(seconds), draft_base=draw(seconds), draft_row=draw(seconds))
+    return gains, widths, costs

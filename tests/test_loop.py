@@ -1,11 +1,12 @@
 """Greedy losslessness, EOS handling, KV memory and step records of the generate loop (dspark/loop.py)."""
 
+import attrs
 import pytest
 import torch
 
 import dspark
 from dspark.drafters import DraftModelDrafter, PromptLookupDrafter
-from dspark.verify import DraftProbability, FixedLength, Threshold
+from dspark.verify import DraftProbability, FixedLength, GoodputFallback, HardwareAwareScheduler, Threshold
 from tests.conftest import ARCHITECTURES, build_model, left_padded_batch
 
 PROMPT_LENGTHS = [7, 12, 3, 9]
@@ -253,3 +254,106 @@ def test_a_bad_estimator_hook_is_refused_at_wrap(llama):
 
     with pytest.raises(TypeError, match="confidence.observe of Broken must be a method observe"):
         dspark.wrap(llama, PromptLookupDrafter(), policy=Threshold(0.5), confidence=Broken())
+
+
+class DraftRowsRecordingDrafter(PromptLookupDrafter):
+    """Prompt lookup that records, per step, the batch rows it was asked to draft for."""
+
+    def start(self, start):
+        self.asked = []
+
+    def propose(self, context, max_draft_tokens):
+        wanted = context.rows if context.draft_rows is None else context.rows[context.draft_rows]
+        self.asked.append(set(wanted.tolist()) if max_draft_tokens > 0 else set())
+        return super().propose(context, max_draft_tokens)
+
+
+def test_per_request_caps_bound_verify_lengths_and_cap_zero_is_never_drafted(llama):
+    """max_draft_tokens_per_row caps each row's ℓ (0: the row is never drafted for), and the output equals HF greedy."""
+    input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=4)
+    drafter = DraftRowsRecordingDrafter(max_ngram=2, min_ngram=1)
+    caps = [0, 2, 4, 1]
+    result = dspark.wrap(llama, drafter, max_draft_tokens=4).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=20, eos_token_id=[], max_draft_tokens_per_row=caps
+    )
+    expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(result.sequences, expected)
+    for record in result.stats.records:
+        assert bool((record.verify_lengths <= torch.tensor(caps)[record.rows]).all())
+    assert all(0 not in asked for asked in drafter.asked) and any(asked for asked in drafter.asked)
+
+
+@pytest.mark.parametrize(
+    "arguments, match",
+    [
+        ({"max_draft_tokens_per_row": [1, 2]}, "max_draft_tokens_per_row must be a sequence .* of 4"),
+        ({"max_draft_tokens_per_row": [1, -1, 0, 2]}, "max_draft_tokens_per_row must hold ints >= 0"),
+        ({"max_draft_tokens_per_row": [1, 1.5, 0, 2]}, "max_draft_tokens_per_row must hold ints >= 0"),
+        ({"priority": [1.0, 0.0, 1.0, 1.0]}, "priority must hold finite numbers > 0"),
+        ({"priority": [1.0, float("nan"), 1.0, 1.0]}, "priority must hold finite numbers > 0"),
+        ({"priority": "high"}, "priority must be a sequence"),
+    ],
+)
+def test_bad_per_request_settings_are_refused(llama, arguments, match):
+    """Per-request caps and priorities are refused with the argument's name unless one valid value per row is given."""
+    input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS)
+    with pytest.raises(ValueError, match=match):
+        dspark.wrap(llama, PromptLookupDrafter()).generate(input_ids, attention_mask=attention_mask, max_new_tokens=4, **arguments)
+
+
+@attrs.frozen
+class FixedSurvival:
+    """Every draft position survives with the same probability (an estimator for point-mass drafts)."""
+
+    value: float = 0.9
+
+    def survival(self, draft):
+        return torch.full(draft.tokens.shape, self.value)
+
+
+@attrs.frozen
+class CheapWideningCosts:
+    """A forward barely grows with its width; drafting has a fixed cost of a third of a step."""
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        return 1.0 + 0.02 * (tokens - 1)
+
+    def draft_time(self, rows: int) -> float:
+        return 0.3 + 0.01 * rows
+
+
+class OddRowsWrongDrafter(DraftModelDrafter):
+    """Self-drafting (always right) for even batch rows, a wrong token for odd ones; records the rows it was asked for."""
+
+    def start(self, start):
+        super().start(start)
+        self.asked = []
+
+    def propose(self, context, max_draft_tokens):
+        wanted = context.rows if context.draft_rows is None else context.rows[context.draft_rows]
+        self.asked.append(set(wanted.tolist()) if max_draft_tokens > 0 else set())
+        draft = super().propose(context, max_draft_tokens)
+        odd = (context.rows % 2 == 1)[:, None]
+        return attrs.evolve(draft, tokens=torch.where(odd, (draft.tokens + 1) % self.vocab_size, draft.tokens))
+
+
+def test_row_fallback_skips_rows_that_do_not_pay_and_reprobes_them(llama):
+    """Under the scheduler's row fallback, rows whose drafts are rejected stop being drafted for while the
+    others continue, are re-probed later, verify nothing while skipped, and the output equals HF greedy."""
+    input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=5)
+    drafter = OddRowsWrongDrafter(llama)
+    policy = HardwareAwareScheduler(row_fallback=GoodputFallback(probe_after=2))
+    result = dspark.wrap(llama, drafter, policy=policy, confidence=FixedSurvival(), cost_model=CheapWideningCosts(), max_draft_tokens=4).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=40, eos_token_id=[]
+    )
+    expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(result.sequences, expected)
+    asked, active = drafter.asked, [set(record.rows.tolist()) for record in result.stats.records]
+    assert all(active_rows & {0, 2} <= rows for rows, active_rows in zip(asked, active)), "rows whose drafts are accepted keep being drafted for"
+    probes = [step for step, rows in enumerate(asked) if 1 in rows]
+    assert probes[0] == 0 and len(probes) >= 3, "the wrong row is skipped after its first step and re-probed"
+    gaps = [later - earlier for earlier, later in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0], "each probe that fails waits longer"
+    for record, rows in zip(result.stats.records, asked):
+        skipped = torch.tensor([row not in rows for row in record.rows.tolist()])
+        assert int(record.verify_lengths[skipped].sum()) == 0

@@ -273,3 +273,70 @@ def test_the_test_rejects_retrospective_scheduling(models, policy):
                      policy=SingleRequestBatches(policy), confidence=DraftProbability(), cost_model=APPENDIX_A)
     assert set(result.stats.verify_lengths[0].tolist()) == {0, 2}, "x_1 must be verified for some rows and not others"
     assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) < SIGNIFICANCE
+
+
+class EvenRowsAfterRejection:
+    """Test double of a row fallback whose choice reads the past: after the first step, draft only for the
+    even rows that accepted nothing at their last drafted step (so half of the rows whose second token is
+    still to come are drafted for, half decode plainly)."""
+
+    def start(self, generation, cost_model):
+        return self
+
+    def draft_rows(self, rows):
+        if not hasattr(self, "rejected"):
+            return None
+        return self.rejected[rows] & (rows % 2 == 0)
+
+    def observe(self, rows, drafted, verify_lengths, accepted):
+        if not hasattr(self, "rejected"):
+            self.rejected = torch.zeros(int(rows.max()) + 1, dtype=torch.bool)
+        self.rejected[rows[drafted]] = accepted[drafted] == 0
+
+
+@attrs.frozen
+class FixedLengthWithFallback:
+    """FixedLength(γ) behind a row fallback."""
+
+    max_draft_tokens: int
+    row_fallback: object
+    needs_survival = False
+
+    def lengths(self, survival, cost_model, limits):
+        return FixedLength(self.max_draft_tokens).lengths(survival, cost_model, limits)
+
+
+@pytest.mark.parametrize("drafter_kind", ["semi-ar", "draft-model"])
+def test_a_row_fallback_reading_the_past_keeps_the_law(models, drafter_kind):
+    """Rows drafted for or not by what earlier steps accepted (the semi-AR drafter drafts only that subset, the
+    draft model drafts every row and the loop verifies the subset) still sample the target's exact law."""
+    target, draft_model = models
+    drafter = _semi_ar_drafter(target) if drafter_kind == "semi-ar" else DraftModelDrafter(draft_model)
+    policy = FixedLengthWithFallback(2, EvenRowsAfterRejection())
+    result = _sample(target, drafter, WARPINGS[0], seed=4, policy=policy)
+    second = result.stats.records[1]
+    fell_back = second.drafted == 0 if drafter_kind == "semi-ar" else second.verify_lengths == 0
+    assert bool(fell_back.any()) and bool((~fell_back).any()), "the second step must draft for some rows and not others"
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE
+
+
+@attrs.frozen
+class PerRowDrafting:
+    """ROOFLINE's step curve with drafting that costs per row drafted."""
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        return ROOFLINE.step_time(rows, tokens)
+
+    def draft_time(self, rows: int) -> float:
+        return 0.0002 * rows
+
+
+def test_the_dspark_scheduler_with_its_row_fallback_is_lossless_at_batch_size_above_one(models):
+    """HardwareAwareScheduler with its default GoodputFallback on a 4000-row batch of the semi-AR drafter: at the
+    second step only the rows whose first draft was accepted are drafted for, and the law holds."""
+    target, _ = models
+    result = _sample(target, _semi_ar_drafter(target), WARPINGS[0], seed=5, policy=HardwareAwareScheduler(), confidence=DrafterConfidence(), cost_model=PerRowDrafting())
+    first, second = result.stats.records[:2]
+    assert bool((first.accepted > 0).any()) and bool((first.accepted == 0).any())
+    assert torch.equal(second.drafted > 0, first.accepted > 0)
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE

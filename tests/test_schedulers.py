@@ -364,3 +364,48 @@ def test_greedy_output_with_a_flat_curve_verifies_every_draft(target):
     assert torch.equal(results[0].sequences, expected)
     scheduled, fixed = (torch.cat(result.stats.verify_lengths) for result in results)
     assert torch.equal(scheduled, fixed) and int(scheduled.max()) == 3
+
+
+# ----------------------------------------------------------------------------- priorities
+
+
+def test_a_high_priority_row_opens_a_column_an_equal_weight_batch_would_not():
+    """Two rows with a_1 = 1 and a second column costing 60% more: unweighted, Θ falls (3/1.6 < 2), so ℓ = 0;
+    with w = (1, 3) the first candidate is row 1's, Θ rises (7/1.6 > 4), and row 0 then rides along for free."""
+    prefix = torch.ones((2, 1), dtype=torch.float64)
+    curve = table(1.0, 1.6)
+    assert prefix_schedule(prefix, full(2, 1), curve).tolist() == [0, 0]
+    assert prefix_schedule(prefix, full(2, 1), curve, weights=torch.tensor([1.0, 3.0])).tolist() == [1, 1]
+
+
+def test_weights_order_the_candidates():
+    """Candidates are admitted by w_r·a_{r,j}: a doubled row's 0.4 comes before an unweighted 0.6."""
+    prefix = torch.tensor([[0.6], [0.4]], dtype=torch.float64)
+    order = candidate_order(prefix, full(2, 1), weights=torch.tensor([1.0, 2.0]))
+    assert order.rows.tolist() == [1, 0] and torch.allclose(order.values, torch.tensor([0.8, 0.6], dtype=torch.float64))
+
+
+def test_weights_of_the_wrong_shape_are_refused():
+    """Weights must be one float per row."""
+    with pytest.raises(TypeError, match=r"weights must be a FloatTensor\[2\]"):
+        prefix_schedule(TWO_ROWS, full(2, 3), table(1.0, 1.0, 1.0, 1.0), weights=torch.tensor([1.0]))
+
+
+def test_the_scheduler_reads_priority_and_drafted_rows_from_the_context():
+    """Through a VerifyContext the scheduler weighs rows by priority and charges draft_time of the drafted rows only."""
+    survival = torch.ones((2, 1), dtype=torch.float64)
+    policy = HardwareAwareScheduler()
+    costs = TableCostModel((1.0, 1.6))
+    rows = torch.arange(2)
+    assert policy.lengths(survival, costs, full(2, 1)).tolist() == [0, 0]
+    context = dspark.VerifyContext(rows=rows, priority=torch.tensor([1.0, 3.0]), drafted_rows=2)
+    assert policy.lengths(survival, costs, full(2, 1), context).tolist() == [1, 1]
+    charged = []
+
+    class CountingCosts(TableCostModel):
+        def draft_time(self, rows: int) -> float:
+            charged.append(rows)
+            return 0.0
+
+    policy.lengths(survival, CountingCosts((1.0, 1.6)), full(2, 1), dspark.VerifyContext(rows=rows, priority=torch.ones(2), drafted_rows=1))
+    assert charged == [1]

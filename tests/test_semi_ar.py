@@ -259,3 +259,24 @@ def test_drafts_carry_non_anticipating_signals(llama):
     assert draft.signals.shape == (2, 3, 2)
     assert torch.allclose(draft.signals[..., 0], torch.logit(draft.confidence, eps=1e-6))
     assert torch.allclose(draft.signals[..., 1], torch.logit(draft.probs.amax(dim=-1), eps=1e-6))
+
+
+@pytest.mark.parametrize("sequential, backbone", [("markov", "parallel"), ("rnn", "parallel"), ("markov", "autoregressive")])
+def test_drafting_a_subset_of_rows_equals_drafting_them_all(llama, sequential, backbone):
+    """With context.draft_rows, the named rows get the draft they get when every row is drafted; the others get length 0."""
+    input_ids, attention_mask = left_padded_batch([5, 9, 7])
+    with torch.inference_mode():
+        hidden = llama(input_ids[:, :-1], attention_mask=attention_mask[:, :-1], output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[1], hidden[2]], dim=-1)
+    drafter = _drafter(llama, sequential=sequential, backbone=backbone)
+    drafts = []
+    for draft_rows in (None, torch.tensor([0, 2])):
+        context = dspark.DraftContext(
+            tokens=input_ids, begin=(attention_mask == 0).sum(dim=1), end=torch.full((3,), input_ids.shape[1]), rows=torch.arange(3), step=0,
+            sampling=dspark.SamplingConfig(), features=features, feature_mask=attention_mask[:, :-1], draft_rows=draft_rows,
+        )
+        drafts.append(start_generation(drafter, rows=3).propose(context, 3))
+    every, subset = drafts
+    assert subset.lengths.tolist() == [3, 0, 3]
+    for name in ("tokens", "probs", "confidence", "signals"):
+        assert torch.allclose(getattr(subset, name)[[0, 2]], getattr(every, name)[[0, 2]], atol=1e-5), name

@@ -68,15 +68,19 @@ class PromptLookupDrafter:
             raise ValueError(f"min_ngram must be <= max_ngram={self.max_ngram}, got {self.min_ngram!r}")
 
     def propose(self, context: DraftContext, max_draft_tokens: int) -> Draft:
-        """Look up every row's continuation; rows without a match get an empty draft. ``Draft.signals``
-        holds ``LOOKUP_SIGNALS`` per row (known before any token is drafted, so non-anticipating)."""
+        """Look up the continuation of every row in ``context.draft_rows`` (all by default); other rows and
+        rows without a match get an empty draft. ``Draft.signals`` holds ``LOOKUP_SIGNALS`` per row (known
+        before any token is drafted, so non-anticipating)."""
         rows = context.tokens.shape[0]
         # Built on the host (one copy of the contexts, a handful of small tensor ops per row), moved once.
         tokens = torch.zeros((rows, max_draft_tokens), dtype=torch.long)
         lengths = torch.zeros(rows, dtype=torch.long)
         signals = torch.zeros((rows, len(LOOKUP_SIGNALS)))
+        drafted = range(rows) if context.draft_rows is None else context.draft_rows.tolist()
+        if max_draft_tokens == 0 or not drafted:
+            return Draft.empty(rows, context.tokens.device)
         host_tokens, begin, end = context.tokens.cpu(), context.begin.tolist(), context.end.tolist()
-        for row in range(rows):
+        for row in drafted:
             match = lookup_match(host_tokens[row, begin[row] : end[row]], self.max_ngram, self.min_ngram, max_draft_tokens)
             if match is not None:
                 found = match.continuation.numel()

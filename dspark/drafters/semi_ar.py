@@ -331,18 +331,22 @@ class SemiARDrafter(nn.Module):
             self._context.cache.update(keys, values, index)
         self._context.commit(feature_mask)
 
-    def backbone(self, block: torch.Tensor, causal: bool) -> torch.Tensor:
-        """Hidden states [R, W, d] of the block embeddings [R, W, d] placed right after the context:
-        bidirectional inside the block (parallel backbone) or causal (autoregressive ablation)."""
+    def backbone(self, block: torch.Tensor, causal: bool, selected: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states [R, W, d] of the block embeddings [R, W, d] placed right after the context of the
+        rows ``selected`` (all when None): bidirectional inside the block (parallel backbone) or causal
+        (autoregressive ablation)."""
         rows, width = block.shape[:2]
-        rotation = self._rotation(self._context.lengths[:, None] + torch.arange(width, device=block.device))
+        live = self._context.live if selected is None else self._context.live[selected]
+        rotation = self._rotation(live.sum(dim=1)[:, None] + torch.arange(width, device=block.device))
         layer_caches = list(self._context.cache) if self._context.slots else []
         inside = torch.ones((width, width), dtype=torch.bool, device=block.device)
         inside = inside.tril() if causal else inside
-        visible = torch.cat([self._context.live.bool()[:, None, :].expand(rows, width, -1), inside.expand(rows, -1, -1)], dim=2)
+        visible = torch.cat([live.bool()[:, None, :].expand(rows, width, -1), inside.expand(rows, -1, -1)], dim=2)
         for index, layer in enumerate(self.layers):
             if layer_caches:
                 context_keys, context_values, _ = layer_caches[index]
+                if selected is not None:
+                    context_keys, context_values = context_keys[selected], context_values[selected]
             else:
                 context_keys = context_values = block.new_zeros((rows, layer.heads, 0, block.shape[-1] // layer.heads))
             block = layer(block, rotation, context_keys, context_values, visible)
@@ -459,12 +463,8 @@ class SemiARDrafter(nn.Module):
 
     @torch.inference_mode()
     def propose(self, context: DraftContext, max_draft_tokens: int) -> Draft:
-        """Draft ``max_draft_tokens`` tokens per row from the committed target features and the anchor.
-
-        Only what depends on the previous draft token runs position by position (the sequential
-        bias and the choice); the confidence head, the warping of greedy drafts and the scatter of
-        q onto the target vocabulary run once over the whole block afterwards.
-        """
+        """Read the newly committed target features of every row, then draft ``max_draft_tokens`` tokens
+        for the rows in ``context.draft_rows`` (all by default; the others get an empty draft)."""
         if self._context is None:
             raise ValueError("SemiARDrafter.propose needs start(GenerationStart) first; dspark's generate calls it")
         if context.features is not None and context.features.shape[1] > 0:
@@ -472,25 +472,42 @@ class SemiARDrafter(nn.Module):
         rows, device = context.rows.numel(), context.tokens.device
         # The parallel backbone always sees the block width it was trained with; only the first max_draft_tokens are drafted.
         max_draft_tokens = min(max_draft_tokens, self.config.max_draft_tokens)
+        selected = context.draft_rows
+        if max_draft_tokens == 0 or (selected is not None and selected.numel() == 0):
+            return Draft.empty(rows, device)
+        anchors = context.anchors if selected is None else context.anchors[selected]
+        draft = self._draft_block(anchors, context.sampling, context.generator, max_draft_tokens, selected)
+        return draft if selected is None else draft.placed(rows, selected)
+
+    def _draft_block(
+        self, anchors: torch.Tensor, sampling, generator: torch.Generator | None, max_draft_tokens: int, selected: torch.Tensor | None
+    ) -> Draft:
+        """The draft of the context rows ``selected`` (all when None) from their ``anchors``.
+
+        Only what depends on the previous draft token runs position by position (the sequential
+        bias and the choice); the confidence head, the warping of greedy drafts and the scatter of
+        q onto the target vocabulary run once over the whole block afterwards.
+        """
+        rows, device = anchors.shape[0], anchors.device
         parallel = self.config.backbone == "parallel"
         if parallel:
-            anchor = self._embed(context.anchors[:, None])
-            hidden = self.backbone(torch.cat([anchor, self.mask_embedding.expand(rows, self.config.max_draft_tokens - 1, -1)], dim=1), causal=False)
+            anchor = self._embed(anchors[:, None])
+            block = torch.cat([anchor, self.mask_embedding.expand(rows, self.config.max_draft_tokens - 1, -1)], dim=1)
+            hidden = self.backbone(block, causal=False, selected=selected)
             base_logits = self._base_logits(hidden)
-        features, vocab_features = self.previous_token_features(context.anchors), self.draft_vocab_features()
+        features, vocab_features = self.previous_token_features(anchors), self.draft_vocab_features()
         state = self.mask_embedding.new_zeros((rows, self.config.rank)) if self.config.sequential == "rnn" else None
-        sampling = context.sampling
         tokens, block_hidden, previous_features, logits, probs = [], [], [], [], []
         for k in range(max_draft_tokens):
             if not parallel:  # the ablation re-runs its layers on [anchor, x_1..x_{k−1}] for every position
-                hidden = self.backbone(self._embed(torch.stack([context.anchors, *tokens], dim=1)), causal=True)[:, -1:]
+                hidden = self.backbone(self._embed(torch.stack([anchors, *tokens], dim=1)), causal=True, selected=selected)[:, -1:]
                 base_logits = self._base_logits(hidden)
             position = k if parallel else 0
             bias, state = self.transition_bias(features, hidden[:, position], state)
             position_logits = base_logits[:, position] if bias is None else base_logits[:, position] + bias.float()
             if sampling.do_sample:
                 probs.append(warped_probs(position_logits, sampling))
-                choice = draw(probs[-1], sampling, context.generator)
+                choice = draw(probs[-1], sampling, generator)
             else:  # greedy: the argmax of the logits is the argmax of q; q itself is computed once below
                 logits.append(position_logits)
                 choice = position_logits.argmax(dim=-1)
@@ -498,8 +515,6 @@ class SemiARDrafter(nn.Module):
             previous_features.append(features)
             tokens.append(self.draft_vocab[choice])
             features = vocab_features[choice]
-        if not tokens:
-            return Draft.empty(rows, device)
         q = torch.stack(probs, dim=1) if sampling.do_sample else warped_probs(torch.stack(logits, dim=1), sampling)
         confidence = torch.sigmoid(self.confidence_head(torch.cat([torch.stack(block_hidden, dim=1), torch.stack(previous_features, dim=1)], dim=-1)))
         confidence = confidence.squeeze(-1).float()

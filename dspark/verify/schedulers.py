@@ -3,7 +3,8 @@ and two engine rules to compare it with.
 
 Notation, as in the paper: R rows; c_{r,k} the survival of row r's k-th draft token; a_{r,j} =
 c_{r,1}·…·c_{r,j} its prefix survival; ℓ_r the verify length; τ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}) the
-expected tokens the step emits; T(R, w) = ``step_time(R, w)``, the seconds of one target forward over
+expected tokens the step emits (Σ_r w_r·(1 + Σ_{j≤ℓ_r} a_{r,j}) with priority weights w_r, which order the
+candidates by w_r·a_{r,j}); T(R, w) = ``step_time(R, w)``, the seconds of one target forward over
 R rows of w new tokens each; D the seconds of the drafting pass; the goodput
 
     Θ = τ / (D + T(R, 1 + max_r ℓ_r))        (tokens per second; τ · SPS with SPS = 1 / T when D = 0).
@@ -44,8 +45,10 @@ import attrs
 import torch
 
 from dspark.checks import int_at_least, unit_interval
-from dspark.protocols import CostModel
+from dspark.protocols import CostModel, RowFallback
+from dspark.types import VerifyContext
 from dspark.verify.confidence import survival_products
+from dspark.verify.fallback import GoodputFallback
 
 __all__ = [
     "Candidates",
@@ -63,7 +66,8 @@ StepTime = Callable[[int, int], float]
 
 class Candidates(NamedTuple):
     """The candidates (r, j) in admission order, each a tensor [R·γ]: ``rows`` r, ``positions`` j (1-based),
-    ``values`` a_{r,j}, ``eligible`` j ≤ limits[r] (ineligible candidates come last and are never admitted)."""
+    ``values`` w_r·a_{r,j} (a_{r,j} without weights), ``eligible`` j ≤ limits[r] (ineligible candidates come
+    last and are never admitted)."""
 
     rows: torch.Tensor
     positions: torch.Tensor
@@ -71,52 +75,58 @@ class Candidates(NamedTuple):
     eligible: torch.Tensor
 
 
-def candidate_order(prefix_survival: torch.Tensor, limits: torch.Tensor) -> Candidates:
-    """All (r, j) sorted by a_{r,j} descending, ties to the smaller j and then the smaller r; those with
-    j > limits[r] are moved to the end. a must lie in [0, 1] and be non-increasing in j (a cumulative
-    product of survivals is), which makes each row's candidates appear in increasing j."""
+def candidate_order(prefix_survival: torch.Tensor, limits: torch.Tensor, weights: torch.Tensor | None = None) -> Candidates:
+    """All (r, j) sorted by w_r·a_{r,j} descending (``weights`` w [R] > 0, all 1 when None), ties to the
+    smaller j and then the smaller r; those with j > limits[r] are moved to the end. a must lie in [0, 1]
+    and be non-increasing in j (a cumulative product of survivals is), which makes each row's candidates
+    appear in increasing j."""
     _check_problem(prefix_survival, limits)
     rows, gamma = prefix_survival.shape
     device = prefix_survival.device
+    weighted = prefix_survival if weights is None else prefix_survival * _check_weights(weights, rows).to(device, prefix_survival.dtype)[:, None]
     # Flatten j-major (index (j−1)·R + r): a stable sort then breaks ties by j, then by r.
-    values = prefix_survival.T.reshape(-1)
+    values = weighted.T.reshape(-1)
     positions = torch.arange(1, gamma + 1, device=device).repeat_interleave(rows)
     row_ids = torch.arange(rows, device=device).repeat(gamma)
     eligible = positions <= limits.to(device).repeat(gamma)
-    # −1 lies below every a in [0, 1], so ineligible candidates sort after all eligible ones.
+    # −1 lies below every w·a ≥ 0, so ineligible candidates sort after all eligible ones.
     keys = torch.where(eligible, values, torch.full_like(values, -1.0))
     order = torch.sort(keys, descending=True, stable=True).indices
     return Candidates(row_ids[order], positions[order], values[order], eligible[order])
 
 
-def goodput_curve(prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, draft_seconds: float = 0.0) -> torch.Tensor:
+def goodput_curve(
+    prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, draft_seconds: float = 0.0, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """Θ_k for k = 0..R·γ: the goodput after admitting the first k candidates of ``candidate_order``
-    (Θ_0 = R / (D + T(R, 1)): every row emits one token anyway); −inf where candidate k is ineligible."""
-    candidates = candidate_order(prefix_survival, limits)
+    (Θ_0 = Σ_r w_r / (D + T(R, 1)): every row emits one token anyway); −inf where candidate k is ineligible."""
+    candidates = candidate_order(prefix_survival, limits, weights)
     rows, gamma = prefix_survival.shape
     draft_seconds = _check_seconds("draft_seconds", draft_seconds)
     seconds = _step_seconds(step_time, rows, gamma, draft_seconds, _compute_dtype(prefix_survival), prefix_survival.device)
-    return _goodput(candidates, rows, seconds, draft_seconds)
+    return _goodput(candidates, _base(weights, rows, seconds), seconds, draft_seconds)
 
 
 def prefix_schedule(
-    prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, draft_seconds: float = 0.0, early_stop: bool = True
+    prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, draft_seconds: float = 0.0, early_stop: bool = True,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Algorithm 1 on dspark's rectangular forward: ℓ LongTensor[R] with 0 ≤ ℓ_r ≤ limits[r].
 
     Admit candidates in ``candidate_order``; with ``early_stop`` (the paper, and what keeps sampling
     lossless) stop at the first one that does not raise Θ; without it return the best prefix of the
-    order (first maximum), the retrospective search of Appendix A that is not lossless.
+    order (first maximum), the retrospective search of Appendix A that is not lossless. ``weights``:
+    per-row priorities w_r > 0 (None: all 1), Θ then counts row r's tokens w_r times.
     """
     if not isinstance(early_stop, bool):
         raise TypeError(f"early_stop must be a bool, got {early_stop!r}")
-    candidates = candidate_order(prefix_survival, limits)
+    candidates = candidate_order(prefix_survival, limits, weights)
     rows, gamma = prefix_survival.shape
     if rows == 0 or gamma == 0:
         return torch.zeros(rows, dtype=torch.long, device=prefix_survival.device)
     draft_seconds = _check_seconds("draft_seconds", draft_seconds)
     seconds = _step_seconds(step_time, rows, gamma, draft_seconds, _compute_dtype(prefix_survival), prefix_survival.device)
-    theta = _goodput(candidates, rows, seconds, draft_seconds)
+    theta = _goodput(candidates, _base(weights, rows, seconds), seconds, draft_seconds)
     if early_stop:
         # Every admission so far raised Θ, so the best so far is the previous Θ.
         count = _leading_true(theta[1:] > theta[:-1])
@@ -147,24 +157,29 @@ def minimum_gain_schedule(prefix_survival: torch.Tensor, limits: torch.Tensor, s
 
 @attrs.frozen
 class HardwareAwareScheduler:
-    """DSpark's hardware-aware prefix scheduler (paper Algorithm 1): global greedy admission by a_{r,j},
+    """DSpark's hardware-aware prefix scheduler (paper Algorithm 1): global greedy admission by w_r·a_{r,j},
     stopping at the first admission that does not raise the goodput Θ; lossless (see the module docstring).
 
     ``max_draft_tokens``: γ for ``wrap`` (``POLICY_HOOKS``) and a cap on ℓ; None leaves γ to the drafter.
-    ``include_draft_cost``: count the cost model's ``draft_time(R)`` in Θ's denominator (beyond the paper,
-    which leaves drafting out); a fixed cost per step makes verification relatively cheaper.
+    ``include_draft_cost``: count the cost model's ``draft_time`` of the rows drafted this step in Θ's
+    denominator (beyond the paper, which leaves drafting out); a fixed cost per step makes verification
+    relatively cheaper. ``row_fallback``: decides before each proposal which rows are worth drafting for
+    at all (``dspark.verify.fallback``; beyond the paper); None drafts every row every step.
     """
 
     max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
     include_draft_cost: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    row_fallback: RowFallback | None = attrs.field(factory=GoodputFallback, validator=attrs.validators.optional(attrs.validators.instance_of(RowFallback)))
     needs_survival = True
     needs_cost_model = True
+    reads_context = True
 
-    def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
-        """``prefix_schedule`` of a = cumprod(c) on the cost model's step time, with early stop."""
+    def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor, context: VerifyContext | None = None) -> torch.Tensor:
+        """``prefix_schedule`` of a = cumprod(c), weighted by the context's priorities, on the cost model's
+        step time, with early stop."""
         prefix, limits = _prefix_and_limits(self, survival, limits)
-        draft_seconds = cost_model.draft_time(prefix.shape[0]) if self.include_draft_cost and prefix.shape[0] > 0 else 0.0
-        return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=True)
+        draft_seconds = _draft_seconds(cost_model, prefix.shape[0], context) if self.include_draft_cost else 0.0
+        return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=True, weights=_priority(context))
 
 
 @attrs.frozen
@@ -173,8 +188,8 @@ class VllmArgmaxRule:
     ``AdaptiveVerificationManager.get_num_tokens``): the draft budget b* = argmax_b (R + sum of the top-b
     prefix survivals) / (draft time + verify time), over every b with no early stop; then the b* best
     (r, j) are admitted. Here the verify time is this module's rectangular T(R, 1 + max ℓ) and the draft
-    time is ``draft_time(R)``; the top-b entries are the first b of ``candidate_order``, so the rule is
-    exactly ``prefix_schedule(early_stop=False)``.
+    time is ``draft_time`` of the rows drafted; the top-b entries are the first b of ``candidate_order``,
+    so the rule is exactly ``prefix_schedule(early_stop=False)``.
 
     vLLM computes b* from the survivals of an earlier step (a snapshot copied to the host a step before;
     only the ranking reads this step's), which keeps the budget from seeing this step's tokens (paper
@@ -185,12 +200,13 @@ class VllmArgmaxRule:
     max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
     needs_survival = True
     needs_cost_model = True
+    reads_context = True
 
-    def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor) -> torch.Tensor:
+    def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor, context: VerifyContext | None = None) -> torch.Tensor:
         """The b* best candidates of this step, b* the argmax of expected goodput over all budgets."""
         prefix, limits = _prefix_and_limits(self, survival, limits)
-        draft_seconds = cost_model.draft_time(prefix.shape[0]) if prefix.shape[0] > 0 else 0.0
-        return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=False)
+        draft_seconds = _draft_seconds(cost_model, prefix.shape[0], context)
+        return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=False, weights=_priority(context))
 
 
 @attrs.frozen
@@ -217,6 +233,27 @@ class MinimumGainRule:
         """``minimum_gain_schedule`` of a = cumprod(c) on the cost model's step time."""
         prefix, limits = _prefix_and_limits(self, survival, limits)
         return minimum_gain_schedule(prefix, limits, cost_model.step_time, self.min_gain)
+
+
+def _draft_seconds(cost_model: CostModel, rows: int, context: VerifyContext | None) -> float:
+    """D: the drafting time of the rows drafted this step (all ``rows`` without a context), 0 for none."""
+    drafted = rows if context is None else context.drafted_rows
+    return cost_model.draft_time(drafted) if drafted > 0 else 0.0
+
+
+def _priority(context: VerifyContext | None) -> torch.Tensor | None:
+    return None if context is None else context.priority
+
+
+def _check_weights(weights: torch.Tensor, rows: int) -> torch.Tensor:
+    if not isinstance(weights, torch.Tensor) or not weights.is_floating_point() or tuple(weights.shape) != (rows,):
+        raise TypeError(f"weights must be a FloatTensor[{rows}] of row priorities > 0, got {_describe(weights)}")
+    return weights
+
+
+def _base(weights: torch.Tensor | None, rows: int, seconds: torch.Tensor) -> torch.Tensor | int:
+    """Σ_r w_r, the tokens the step emits with no draft accepted (weighted), R without weights."""
+    return rows if weights is None else weights.to(seconds.device, seconds.dtype).sum()
 
 
 def _prefix_and_limits(policy, survival: torch.Tensor | None, limits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,10 +316,10 @@ def _widths(candidates: Candidates) -> torch.Tensor:
     return torch.cat([reached.new_zeros(1), reached.cummax(dim=0).values])
 
 
-def _goodput(candidates: Candidates, rows: int, seconds: torch.Tensor, draft_seconds: float) -> torch.Tensor:
+def _goodput(candidates: Candidates, base, seconds: torch.Tensor, draft_seconds: float) -> torch.Tensor:
     zero = torch.zeros(1, dtype=seconds.dtype, device=seconds.device)
     gained = torch.where(candidates.eligible, candidates.values.to(seconds.dtype), zero)
-    tau = rows + torch.cat([zero, gained.cumsum(dim=0)])
+    tau = base + torch.cat([zero, gained.cumsum(dim=0)])
     theta = tau / (draft_seconds + seconds[_widths(candidates)])
     ineligible = torch.cat([torch.zeros(1, dtype=torch.bool, device=seconds.device), ~candidates.eligible])
     return theta.masked_fill(ineligible, -math.inf)

@@ -1,0 +1,140 @@
+"""Per-row fallback: before each proposal, draft only for the rows whose drafting pays for itself.
+
+Notation (one step, R rows in the target's forward): w_r the row's priority weight; g_r the tokens
+drafting gained it, smoothed over the steps it was drafted for (its accepted count n_r, 0 when the
+scheduler verified none of its draft); λ_r its smoothed verify length ℓ_r; D(k) the seconds of
+drafting k rows (D(0) = 0: a step without drafting skips the drafter's work); T(R, w) the seconds of
+the target forward over R rows of w new tokens. Drafting the set S of rows is predicted to yield
+
+    Θ(S) = (Σ_r w_r + Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} round(λ_r)))
+
+weighted tokens per second. ``drafting_goodput`` evaluates Θ for S = the k rows of largest w_r·g_r,
+k = 0..n, and ``best_drafted_rows`` drafts the best such S (the last maximum: where drafting is free, as
+with a cost model that charges nothing for it, every row is drafted).
+A row is therefore drafted only when what it gains exceeds what the whole batch would have produced
+in the time its drafting (and any widening of the forward) costs.
+
+Rows outside S get ℓ_r = 0 before any of this step's draft tokens exist, so the choice reads only
+earlier steps' outcomes and cannot bias the sampled law. A skipped row learns nothing new, so it is
+re-probed (drafted once regardless) after ``probe_after`` skipped steps; each probe that does not bring
+it back doubles its wait, up to ``max_probe_interval``; a row the estimate brings back starts over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from dspark.checks import int_at_least
+from dspark.protocols import CostModel
+from dspark.types import GenerationStart
+
+__all__ = ["GoodputFallback", "GoodputFallbackRun", "best_drafted_rows", "drafting_goodput"]
+
+
+def _check_rows_problem(gains: torch.Tensor, widths: torch.Tensor, rows: int) -> None:
+    if not isinstance(gains, torch.Tensor) or not gains.is_floating_point() or gains.dim() != 1:
+        raise TypeError(f"gains must be a 1-D FloatTensor of w_r·g_r, got {gains!r}")
+    if not isinstance(widths, torch.Tensor) or widths.is_floating_point() or tuple(widths.shape) != tuple(gains.shape):
+        raise TypeError(f"widths must be an integer tensor shaped like gains {tuple(gains.shape)}, got {widths!r}")
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < gains.numel():
+        raise ValueError(f"rows must be an int >= the {gains.numel()} candidate rows (every row in the forward), got {rows!r}")
+
+
+def drafting_goodput(
+    gains: torch.Tensor, widths: torch.Tensor, base: float, rows: int,
+    step_time: Callable[[int, int], float], draft_time: Callable[[int], float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, Θ): ``order`` the candidate rows by w_r·g_r descending (ties to the smaller index), Θ[k] the
+    predicted goodput of drafting its first k, k = 0..n (module docstring). ``gains`` [n]: w_r·g_r;
+    ``widths`` [n]: round(λ_r); ``base``: Σ_r w_r over all ``rows`` rows of the forward. CPU tensors."""
+    _check_rows_problem(gains, widths, rows)
+    order = torch.sort(gains, descending=True, stable=True).indices
+    gained = torch.cat([gains.new_zeros(1), gains[order].cumsum(dim=0)])
+    width = torch.cat([widths.new_zeros(1), widths[order].cummax(dim=0).values]).tolist()
+    seconds = [(draft_time(count) if count > 0 else 0.0) + step_time(rows, 1 + reach) for count, reach in enumerate(width)]
+    return order, (base + gained) / torch.tensor(seconds, dtype=gains.dtype)
+
+
+def best_drafted_rows(
+    gains: torch.Tensor, widths: torch.Tensor, base: float, rows: int,
+    step_time: Callable[[int, int], float], draft_time: Callable[[int], float],
+) -> torch.Tensor:
+    """BoolTensor[n]: the candidates in the last maximum of ``drafting_goodput`` (most rows on a tie)."""
+    order, theta = drafting_goodput(gains, widths, base, rows, step_time, draft_time)
+    chosen = torch.zeros(gains.numel(), dtype=torch.bool)
+    chosen[order[: gains.numel() - int(theta.flip(0).argmax())]] = True
+    return chosen
+
+
+@attrs.frozen
+class GoodputFallback:
+    """DSpark's per-row fallback (``RowFallback``): draft only for the rows that raise the predicted
+    goodput (module docstring), re-probing skipped rows after ``probe_after`` steps, then after twice
+    as long each time a probe does not bring them back, at most ``max_probe_interval`` steps.
+    ``smoothing``: the weight of the newest observation in g_r and λ_r.
+
+    Subclass and override ``choose`` to change the rule while keeping the bookkeeping and the probes."""
+
+    smoothing: float = attrs.field(default=0.3)
+    probe_after: int = attrs.field(default=4, validator=int_at_least(1))
+    max_probe_interval: int = attrs.field(default=32, validator=int_at_least(1))
+
+    def __attrs_post_init__(self):
+        if isinstance(self.smoothing, bool) or not isinstance(self.smoothing, (int, float)) or not 0 < self.smoothing <= 1:
+            raise ValueError(f"smoothing must be a number in (0, 1], got {self.smoothing!r}")
+        if self.max_probe_interval < self.probe_after:
+            raise ValueError(f"max_probe_interval must be >= probe_after={self.probe_after}, got {self.max_probe_interval!r}")
+
+    def start(self, generation: GenerationStart, cost_model: CostModel) -> "GoodputFallbackRun":
+        """A fresh run for ``generation``: every row is drafted for until its first outcome is known."""
+        return GoodputFallbackRun(self, generation, cost_model)
+
+    def choose(self, gains: torch.Tensor, widths: torch.Tensor, base: float, rows: int, cost_model: CostModel) -> torch.Tensor:
+        """Which observed rows to draft for, BoolTensor[n], from their w_r·g_r, round(λ_r), Σ w and the
+        forward's R (``best_drafted_rows`` on the cost model)."""
+        return best_drafted_rows(gains, widths, base, rows, cost_model.step_time, cost_model.draft_time)
+
+
+class GoodputFallbackRun:
+    """One generation's ``GoodputFallback`` state, on the host: per batch row g_r, λ_r, whether it was
+    ever observed, steps skipped since it was last drafted and its current probe interval."""
+
+    def __init__(self, fallback: GoodputFallback, generation: GenerationStart, cost_model: CostModel):
+        batch = generation.rows
+        self.fallback, self.cost_model = fallback, cost_model
+        self.priority = torch.ones(batch, dtype=torch.float64) if generation.priority is None else generation.priority.detach().double().cpu()
+        self.gain = torch.zeros(batch, dtype=torch.float64)
+        self.verify = torch.zeros(batch, dtype=torch.float64)
+        self.observed = torch.zeros(batch, dtype=torch.bool)
+        self.skipped = torch.zeros(batch, dtype=torch.long)
+        self.interval = torch.full((batch,), fallback.probe_after, dtype=torch.long)
+
+    def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """BoolTensor[R]: the rows in the best predicted set, the rows never observed, and the rows due a probe."""
+        observed = self.observed[rows]
+        candidates = rows[observed]
+        chosen = torch.zeros(rows.numel(), dtype=torch.bool)
+        if candidates.numel() > 0:
+            chosen[observed] = self.fallback.choose(
+                self.priority[candidates] * self.gain[candidates], self.verify[candidates].round().long(),
+                float(self.priority[rows].sum()), rows.numel(), self.cost_model,
+            )
+        probes = ~observed | (~chosen & (self.skipped[rows] >= self.interval[rows]))
+        # A probe of a row its estimate keeps out waits twice as long for the next; a row back in starts over.
+        backed_off = rows[probes & observed]
+        self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(self.fallback.max_probe_interval)
+        self.interval[rows[chosen]] = self.fallback.probe_after
+        return chosen | probes
+
+    def observe(self, rows: torch.Tensor, drafted: torch.Tensor, verify_lengths: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Smooth g_r and λ_r of the drafted rows (their first outcome replaces the estimate); count the skipped."""
+        alpha, index = self.fallback.smoothing, rows[drafted]
+        for estimate, value in ((self.gain, accepted[drafted].double()), (self.verify, verify_lengths[drafted].double())):
+            previous = estimate[index]
+            estimate[index] = torch.where(self.observed[index], previous + alpha * (value - previous), value)
+        self.observed[index] = True
+        self.skipped[index] = 0
+        self.skipped[rows[~drafted]] += 1

@@ -1,0 +1,159 @@
+"""Per-row fallback: the predicted goodput of drafting a set of rows, the choice, and the run's bookkeeping
+(entering, re-probing with back-off, leaving)."""
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+
+from dspark.protocols import RowFallback
+from dspark.types import GenerationStart, SamplingConfig
+from dspark.verify.fallback import GoodputFallback, best_drafted_rows, drafting_goodput
+from tests.strategies import fallback_problems
+
+
+@attrs.frozen
+class Costs:
+    """T(R, w) = step + widen·(w − 1); D(k) = draft_base + draft_row·k."""
+
+    step: float = 1.0
+    widen: float = 0.0
+    draft_base: float = 0.0
+    draft_row: float = 0.0
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        return self.step + self.widen * (tokens - 1)
+
+    def draft_time(self, rows: int) -> float:
+        return self.draft_base + self.draft_row * rows
+
+
+def start(rows: int, priority=None) -> GenerationStart:
+    return GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(), priority=priority)
+
+
+def observe(run, rows, drafted, verify_lengths, accepted):
+    run.observe(torch.tensor(rows), torch.tensor(drafted), torch.tensor(verify_lengths), torch.tensor(accepted))
+
+
+# ----------------------------------------------------------------------------- the pure functions
+
+
+def test_drafting_goodput_by_hand():
+    """Three rows, gains (1, 0, 0.5), widths (2, 0, 1): Θ_k = (3 + gained) / (D(k) + T(3, 1 + max width))."""
+    costs = Costs(step=1.0, widen=0.25, draft_base=0.2, draft_row=0.1)
+    order, theta = drafting_goodput(torch.tensor([1.0, 0.0, 0.5], dtype=torch.float64), torch.tensor([2, 0, 1]), 3.0, 3, costs.step_time, costs.draft_time)
+    assert order.tolist() == [0, 2, 1]
+    expected = [3 / 1.0, 4 / (0.3 + 1.5), 4.5 / (0.4 + 1.5), 4.5 / (0.5 + 1.5)]
+    assert torch.allclose(theta, torch.tensor(expected, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "costs, expected",
+    [
+        (Costs(), [True, True, True]),  # drafting is free: every row, even the one that gains nothing
+        (Costs(draft_base=10.0), [False, False, False]),  # drafting costs ten steps: nobody
+        (Costs(draft_base=0.3), [True, False, True]),  # Θ = 3, 3.05, 3.41, 3.38: the zero-gain row only adds cost
+    ],
+)
+def test_best_drafted_rows(costs, expected):
+    """The choice follows the cost of drafting: all when free, none when dear, the rows that gain in between."""
+    costs = attrs.evolve(costs, draft_row=0.0 if costs.draft_base == 0 else 0.01)
+    chosen = best_drafted_rows(torch.tensor([1.0, 0.0, 0.5], dtype=torch.float64), torch.tensor([1, 1, 1]), 3.0, 3, costs.step_time, costs.draft_time)
+    assert chosen.tolist() == expected
+
+
+@given(fallback_problems())
+@settings(max_examples=60, deadline=None)
+def test_the_choice_is_a_prefix_by_gain_and_beats_both_extremes(problem):
+    """A chosen row never gains less than an unchosen one, and the chosen set's Θ is at least that of none and of all."""
+    gains, widths, costs = problem
+    rows = gains.numel()
+    chosen = best_drafted_rows(gains, widths, float(rows), rows, costs.step_time, costs.draft_time)
+    if chosen.any() and (~chosen).any():
+        assert float(gains[chosen].min()) >= float(gains[~chosen].max())
+    _, theta = drafting_goodput(gains, widths, float(rows), rows, costs.step_time, costs.draft_time)
+    picked = theta[int(chosen.sum())]
+    assert picked >= theta[0] and picked >= theta[-1]
+
+
+def test_bad_problems_are_refused():
+    """Gains must be a float vector, widths integers shaped like it, rows at least the candidates."""
+    costs = Costs()
+    with pytest.raises(TypeError, match="gains"):
+        drafting_goodput(torch.tensor([1, 2]), torch.tensor([1, 1]), 2.0, 2, costs.step_time, costs.draft_time)
+    with pytest.raises(TypeError, match="widths"):
+        drafting_goodput(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 1.0]), 2.0, 2, costs.step_time, costs.draft_time)
+    with pytest.raises(ValueError, match="rows must be an int >= the 2"):
+        drafting_goodput(torch.tensor([1.0, 2.0]), torch.tensor([1, 1]), 2.0, 1, costs.step_time, costs.draft_time)
+
+
+@pytest.mark.parametrize(
+    "arguments, match",
+    [({"smoothing": 0.0}, "smoothing"), ({"smoothing": 1.5}, "smoothing"), ({"probe_after": 0}, "probe_after"), ({"probe_after": 8, "max_probe_interval": 4}, "max_probe_interval")],
+)
+def test_bad_fallback_settings_are_refused(arguments, match):
+    """Settings out of range are refused naming the field."""
+    with pytest.raises((ValueError, TypeError), match=match):
+        GoodputFallback(**arguments)
+
+
+# ----------------------------------------------------------------------------- one generation's run
+
+
+def test_goodput_fallback_is_a_row_fallback():
+    """GoodputFallback implements the RowFallback protocol."""
+    assert isinstance(GoodputFallback(), RowFallback)
+
+
+def test_rows_are_drafted_until_observed():
+    """A fresh run drafts every row: nothing is known about them yet."""
+    run = GoodputFallback().start(start(3), Costs(draft_base=10.0))
+    assert run.draft_rows(torch.tensor([0, 1, 2])).tolist() == [True, True, True]
+
+
+def test_a_row_that_gains_nothing_falls_back_and_is_reprobed_with_back_off():
+    """Row 1 gains nothing for its drafting cost: it is skipped, re-probed after probe_after steps, then after
+    twice as long when the probe shows it still does not pay; row 0 keeps drafting throughout."""
+    run = GoodputFallback(probe_after=2, max_probe_interval=4).start(start(2), Costs(draft_base=0.2, draft_row=0.05, widen=0.1))
+    rows = torch.tensor([0, 1])
+    drafted_steps = []
+    for step in range(12):
+        drafted = run.draft_rows(rows)
+        drafted_steps.append(drafted.tolist())
+        observe(run, [0, 1], drafted.tolist(), [3, 3 if drafted[1] else 0], [3, 0])
+    row_1 = [step for step, drafted in enumerate(drafted_steps) if drafted[1]]
+    assert all(drafted[0] for drafted in drafted_steps)
+    # drafted at 0 (unobserved); skipped 1, 2; probe at 3; skipped 4..7 (interval 4); probe at 8; then every 4 (the cap).
+    assert row_1 == [0, 3, 8]
+
+
+def test_a_reprobed_row_that_gains_again_comes_back():
+    """A skipped row whose probe accepts drafts again is drafted on the following steps and its wait starts over."""
+    run = GoodputFallback(probe_after=1, smoothing=1.0).start(start(1), Costs(draft_base=0.2))
+    rows = torch.tensor([0])
+    assert run.draft_rows(rows).tolist() == [True]
+    observe(run, [0], [True], [2], [0])
+    assert run.draft_rows(rows).tolist() == [False]
+    observe(run, [0], [False], [0], [0])
+    assert run.draft_rows(rows).tolist() == [True]  # the probe
+    observe(run, [0], [True], [2], [2])
+    assert run.draft_rows(rows).tolist() == [True] and int(run.interval[0]) == 1
+
+
+def test_priority_decides_which_row_pays():
+    """Two rows with equal gains, drafting affordable for one row only: the higher-priority row is drafted."""
+    costs = Costs(draft_base=0.0, draft_row=0.35)
+    for priority, expected in (([1.0, 3.0], [False, True]), ([3.0, 1.0], [True, False])):
+        run = GoodputFallback(smoothing=1.0).start(start(2, torch.tensor(priority)), costs)
+        run.draft_rows(torch.tensor([0, 1]))
+        observe(run, [0, 1], [True, True], [1, 1], [1, 1])
+        assert run.draft_rows(torch.tensor([0, 1])).tolist() == expected
+
+
+def test_the_run_follows_a_shrinking_batch():
+    """After row 1 leaves, draft_rows answers for the remaining rows, by their batch indices."""
+    run = GoodputFallback(smoothing=1.0).start(start(3), Costs(draft_base=0.5, draft_row=0.05))
+    run.draft_rows(torch.tensor([0, 1, 2]))
+    observe(run, [0, 1, 2], [True, True, True], [2, 2, 2], [2, 2, 0])
+    assert run.draft_rows(torch.tensor([0, 2])).tolist() == [True, False]
