@@ -175,16 +175,17 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         limits = budget - 1 if spec.draft_caps is None else torch.minimum(budget - 1, spec.draft_caps[rows])
         if drafting is not None:
             limits = limits * drafting.to(device)
-        # 1. Draft: never more tokens than any row could still emit after its anchor's successor. Even with
-        # no row to draft for, propose runs (for 0 tokens) so that stateful drafters read the features.
+        # 1. Draft: never more tokens than any row could still emit after its anchor's successor. When the
+        # fallback drafts for no row, propose still runs (for 0 tokens) so that stateful drafters read the features.
         max_draft_tokens = max(min(strategy.max_draft_tokens, int(budget.max()) - 1), 0) if drafted_rows > 0 else 0
+        reads_features = drafted_rows == 0 and strategy.max_draft_tokens > 0 and int(budget.max()) > 1
         context = DraftContext(
             tokens=sequences[rows], begin=begin[rows], end=end[rows], rows=rows, step=step,
             sampling=spec.sampling, generator=spec.generator, features=features, feature_mask=feature_mask,
             draft_rows=None if drafting is None else drafting.nonzero().squeeze(1).to(device),
         )
         with spec.forward_mode():
-            draft = strategy.drafter.propose(context, max_draft_tokens)
+            draft = strategy.drafter.propose(context, max_draft_tokens) if max_draft_tokens > 0 or reads_features else Draft.empty(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
         verify_context = VerifyContext(rows=rows, priority=priority[rows], drafted_rows=drafted_rows if max_draft_tokens > 0 else 0)
         survival, verify_lengths = _schedule(spec, draft, verify_context, max_draft_tokens, limits)
@@ -236,7 +237,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
             observe_draft(verify_context.drafted_rows, drafted - started)
         if fallback_run is not None:
             was_drafted = torch.full((rows.numel(),), max_draft_tokens > 0) if drafting is None else drafting & (max_draft_tokens > 0)
-            fallback_run.observe(counts[0], was_drafted, counts[1], counts[2])
+            fallback_run.observe(counts[0], was_drafted, counts[1], counts[2], drafted - started)
         # 8. Finished rows stop costing compute.
         host_finished = counts[5].bool()
         if bool(host_finished.any()):

@@ -67,8 +67,8 @@ class DraftContext:
     per-request cap of 0 leaves the other rows out: the target verifies none of their tokens, so a
     drafter should spend no work on them (``Draft.placed`` spreads a subset's draft over the batch); one
     that drafts them anyway stays correct and only wastes the time. A stateful drafter must still read
-    every row's ``features``; that is why ``propose`` is called, with ``max_draft_tokens`` 0, even on a
-    step where no row is drafted.
+    every row's ``features``; that is why ``propose`` is called, with ``max_draft_tokens`` 0, on a step
+    where the fallback drafts for no row.
     """
 
     tokens: torch.Tensor

@@ -157,3 +157,17 @@ def test_the_run_follows_a_shrinking_batch():
     run.draft_rows(torch.tensor([0, 1, 2]))
     observe(run, [0, 1, 2], [True, True, True], [2, 2, 2], [2, 2, 0])
     assert run.draft_rows(torch.tensor([0, 2])).tolist() == [True, False]
+
+
+def test_what_a_step_without_drafting_still_spends_is_not_counted_as_savings():
+    """A drafter that costs 0.25 of a step per row, of which 0.2 is spent anyway (read on steps that draft for
+    no row): a row gaining 0.1 tokens is skipped while that is unknown, and drafted once it is measured."""
+    run = GoodputFallback(smoothing=1.0, probe_after=32).start(start(1), Costs(draft_row=0.25))
+    rows = torch.tensor([0])
+    run.draft_rows(rows)
+    observe(run, [0], [True], [1], [0])  # g = 0: skipped from now on
+    assert run.draft_rows(rows).tolist() == [False]
+    run.observe(rows, torch.tensor([False]), torch.tensor([0]), torch.tensor([0]), 0.2)
+    assert run.idle_seconds == pytest.approx(0.2)
+    run.gain[0] = 0.1  # as if probes had shown a small gain
+    assert run.draft_rows(rows).tolist() == [True]  # 1.1 / (0.05 + 1) > 1 / 1

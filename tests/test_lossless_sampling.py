@@ -288,7 +288,7 @@ class EvenRowsAfterRejection:
             return None
         return self.rejected[rows] & (rows % 2 == 0)
 
-    def observe(self, rows, drafted, verify_lengths, accepted):
+    def observe(self, rows, drafted, verify_lengths, accepted, draft_seconds):
         if not hasattr(self, "rejected"):
             self.rejected = torch.zeros(int(rows.max()) + 1, dtype=torch.bool)
         self.rejected[rows[drafted]] = accepted[drafted] == 0

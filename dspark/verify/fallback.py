@@ -2,9 +2,11 @@
 
 Notation (one step, R rows in the target's forward): w_r the row's priority weight; g_r the tokens
 drafting gained it, smoothed over the steps it was drafted for (its accepted count n_r, 0 when the
-scheduler verified none of its draft); λ_r its smoothed verify length ℓ_r; D(k) the seconds of
-drafting k rows (D(0) = 0: a step without drafting skips the drafter's work); T(R, w) the seconds of
-the target forward over R rows of w new tokens. Drafting the set S of rows is predicted to yield
+scheduler verified none of its draft); λ_r its smoothed verify length ℓ_r; D(k) the seconds that
+drafting k rows adds to a step, the cost model's ``draft_time(k)`` less what a step that drafts for no
+row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
+its books), which the run measures on such steps; D(0) = 0; T(R, w) the seconds of the target forward
+over R rows of w new tokens. Drafting the set S of rows is predicted to yield
 
     Θ(S) = (Σ_r w_r + Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} round(λ_r)))
 
@@ -92,15 +94,19 @@ class GoodputFallback:
         """A fresh run for ``generation``: every row is drafted for until its first outcome is known."""
         return GoodputFallbackRun(self, generation, cost_model)
 
-    def choose(self, gains: torch.Tensor, widths: torch.Tensor, base: float, rows: int, cost_model: CostModel) -> torch.Tensor:
-        """Which observed rows to draft for, BoolTensor[n], from their w_r·g_r, round(λ_r), Σ w and the
-        forward's R (``best_drafted_rows`` on the cost model)."""
-        return best_drafted_rows(gains, widths, base, rows, cost_model.step_time, cost_model.draft_time)
+    def choose(
+        self, gains: torch.Tensor, widths: torch.Tensor, base: float, rows: int,
+        step_time: Callable[[int, int], float], draft_time: Callable[[int], float],
+    ) -> torch.Tensor:
+        """Which observed rows to draft for, BoolTensor[n], from their w_r·g_r, round(λ_r), Σ w, the
+        forward's R, T and D (module docstring): ``best_drafted_rows``."""
+        return best_drafted_rows(gains, widths, base, rows, step_time, draft_time)
 
 
 class GoodputFallbackRun:
     """One generation's ``GoodputFallback`` state, on the host: per batch row g_r, λ_r, whether it was
-    ever observed, steps skipped since it was last drafted and its current probe interval."""
+    ever observed, steps skipped since it was last drafted and its current probe interval; and the
+    smoothed seconds a step that drafts for no row spends outside the target forward."""
 
     def __init__(self, fallback: GoodputFallback, generation: GenerationStart, cost_model: CostModel):
         batch = generation.rows
@@ -111,6 +117,11 @@ class GoodputFallbackRun:
         self.observed = torch.zeros(batch, dtype=torch.bool)
         self.skipped = torch.zeros(batch, dtype=torch.long)
         self.interval = torch.full((batch,), fallback.probe_after, dtype=torch.long)
+        self.idle_seconds = 0.0
+
+    def avoidable_draft_time(self, rows: int) -> float:
+        """D(k): what drafting ``rows`` rows adds to a step that drafts for none (module docstring)."""
+        return max(self.cost_model.draft_time(rows) - self.idle_seconds, 0.0)
 
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """BoolTensor[R]: the rows in the best predicted set, the rows never observed, and the rows due a probe."""
@@ -120,7 +131,7 @@ class GoodputFallbackRun:
         if candidates.numel() > 0:
             chosen[observed] = self.fallback.choose(
                 self.priority[candidates] * self.gain[candidates], self.verify[candidates].round().long(),
-                float(self.priority[rows].sum()), rows.numel(), self.cost_model,
+                float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, self.avoidable_draft_time,
             )
         probes = ~observed | (~chosen & (self.skipped[rows] >= self.interval[rows]))
         # A probe of a row its estimate keeps out waits twice as long for the next; a row back in starts over.
@@ -129,9 +140,12 @@ class GoodputFallbackRun:
         self.interval[rows[chosen]] = self.fallback.probe_after
         return chosen | probes
 
-    def observe(self, rows: torch.Tensor, drafted: torch.Tensor, verify_lengths: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Smooth g_r and λ_r of the drafted rows (their first outcome replaces the estimate); count the skipped."""
+    def observe(self, rows: torch.Tensor, drafted: torch.Tensor, verify_lengths: torch.Tensor, accepted: torch.Tensor, draft_seconds: float = 0.0) -> None:
+        """Smooth g_r and λ_r of the drafted rows (their first outcome replaces the estimate); count the
+        skipped; on a step that drafted for no row, smooth its ``draft_seconds`` into the idle time."""
         alpha, index = self.fallback.smoothing, rows[drafted]
+        if index.numel() == 0:
+            self.idle_seconds += alpha * (draft_seconds - self.idle_seconds)
         for estimate, value in ((self.gain, accepted[drafted].double()), (self.verify, verify_lengths[drafted].double())):
             previous = estimate[index]
             estimate[index] = torch.where(self.observed[index], previous + alpha * (value - previous), value)
