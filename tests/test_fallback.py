@@ -171,3 +171,17 @@ def test_what_a_step_without_drafting_still_spends_is_not_counted_as_savings():
     assert run.idle_seconds == pytest.approx(0.2)
     run.gain[0] = 0.1  # as if probes had shown a small gain
     assert run.draft_rows(rows).tolist() == [True]  # 1.1 / (0.05 + 1) > 1 / 1
+
+
+def test_a_new_batch_starts_from_what_earlier_generations_showed_at_its_size():
+    """After a generation at R = 2 where drafting gained nothing, a new R = 2 batch is not drafted at its first step;
+    a batch of another size, or in another sampling band, still is."""
+    fallback = GoodputFallback(smoothing=1.0)
+    costs = Costs(draft_row=0.3)
+    run = fallback.start(start(2), costs)
+    run.draft_rows(torch.tensor([0, 1]))
+    observe(run, [0, 1], [True, True], [0, 0], [0, 0])
+    assert fallback.start(start(2), costs).draft_rows(torch.tensor([0, 1])).tolist() == [False, False]
+    assert fallback.start(start(3), costs).draft_rows(torch.tensor([0, 1, 2])).tolist() == [True, True, True]
+    sampled = GenerationStart(rows=2, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(do_sample=True))
+    assert fallback.start(sampled, costs).draft_rows(torch.tensor([0, 1])).tolist() == [True, True]

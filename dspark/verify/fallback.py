@@ -20,6 +20,13 @@ Rows outside S get ℓ_r = 0 before any of this step's draft tokens exist, so th
 earlier steps' outcomes and cannot bias the sampled law. A skipped row learns nothing new, so it is
 re-probed (drafted once regardless) after ``probe_after`` skipped steps; each probe that does not bring
 it back doubles its wait, up to ``max_probe_interval``; a row the estimate brings back starts over.
+
+A row's first estimate is the gain drafted rows have shown at this batch size and sampling band in
+earlier generations (``GainPrior``, kept by the ``GoodputFallback``): what a drafting pass gains depends
+on how much the scheduler verifies, which depends on R, and probing every row of a new batch costs a
+whole drafting pass. Only when nothing is known there yet are a batch's rows drafted for at its first
+step. The prior belongs to one drafter and target: give each wrapped model its own scheduler (``wrap``
+and the presets in ``dspark.strategies`` make a new one each time).
 """
 
 from __future__ import annotations
@@ -30,10 +37,12 @@ import attrs
 import torch
 
 from dspark.checks import int_at_least
+from dspark.fast_path import row_bucket
 from dspark.protocols import CostModel
 from dspark.types import GenerationStart
+from dspark.verify.calibration import band_of
 
-__all__ = ["GoodputFallback", "GoodputFallbackRun", "best_drafted_rows", "drafting_goodput"]
+__all__ = ["GainPrior", "GoodputFallback", "GoodputFallbackRun", "best_drafted_rows", "drafting_goodput"]
 
 
 def _check_rows_problem(gains: torch.Tensor, widths: torch.Tensor, rows: int) -> None:
@@ -71,6 +80,27 @@ def best_drafted_rows(
     return chosen
 
 
+class GainPrior:
+    """The smoothed gain g and verify length λ of drafted rows per sampling band and batch-size bucket
+    (``band_of``, ``row_bucket(R)``), over every generation of one ``GoodputFallback``: the first
+    estimate of a new row."""
+
+    def __init__(self, smoothing: float = 0.05):
+        self.smoothing = smoothing
+        self.estimates: dict[tuple[str, int], tuple[float, float]] = {}
+
+    def get(self, band: str, rows: int) -> tuple[float, float] | None:
+        """(g, λ) in this band at this batch size, None before any drafted row was observed there."""
+        return self.estimates.get((band, row_bucket(rows)))
+
+    def update(self, band: str, rows: int, gains: torch.Tensor, verify_lengths: torch.Tensor) -> None:
+        """Smooth in the mean outcome of one step's drafted rows of a batch of ``rows`` rows."""
+        observed = (float(gains.double().mean()), float(verify_lengths.double().mean()))
+        key = (band, row_bucket(rows))
+        known = self.estimates.get(key)
+        self.estimates[key] = observed if known is None else tuple(old + self.smoothing * (new - old) for old, new in zip(known, observed))
+
+
 @attrs.frozen
 class GoodputFallback:
     """DSpark's per-row fallback (``RowFallback``): draft only for the rows that raise the predicted
@@ -78,11 +108,14 @@ class GoodputFallback:
     as long each time a probe does not bring them back, at most ``max_probe_interval`` steps.
     ``smoothing``: the weight of the newest observation in g_r and λ_r.
 
+    ``prior``: what earlier generations showed per batch size (module docstring), shared by every run.
+
     Subclass and override ``choose`` to change the rule while keeping the bookkeeping and the probes."""
 
     smoothing: float = attrs.field(default=0.3)
-    probe_after: int = attrs.field(default=4, validator=int_at_least(1))
-    max_probe_interval: int = attrs.field(default=32, validator=int_at_least(1))
+    probe_after: int = attrs.field(default=8, validator=int_at_least(1))
+    max_probe_interval: int = attrs.field(default=64, validator=int_at_least(1))
+    prior: GainPrior = attrs.field(factory=GainPrior, eq=False, repr=False, validator=attrs.validators.instance_of(GainPrior))
 
     def __attrs_post_init__(self):
         if isinstance(self.smoothing, bool) or not isinstance(self.smoothing, (int, float)) or not 0 < self.smoothing <= 1:
@@ -110,7 +143,7 @@ class GoodputFallbackRun:
 
     def __init__(self, fallback: GoodputFallback, generation: GenerationStart, cost_model: CostModel):
         batch = generation.rows
-        self.fallback, self.cost_model = fallback, cost_model
+        self.fallback, self.cost_model, self.band = fallback, cost_model, band_of(generation.sampling)
         self.priority = torch.ones(batch, dtype=torch.float64) if generation.priority is None else generation.priority.detach().double().cpu()
         self.gain = torch.zeros(batch, dtype=torch.float64)
         self.verify = torch.zeros(batch, dtype=torch.float64)
@@ -124,7 +157,12 @@ class GoodputFallbackRun:
         return max(self.cost_model.draft_time(rows) - self.idle_seconds, 0.0)
 
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """BoolTensor[R]: the rows in the best predicted set, the rows never observed, and the rows due a probe."""
+        """BoolTensor[R]: the rows in the best predicted set, the rows never observed (when earlier
+        generations say nothing about this batch size), and the rows due a probe."""
+        prior = self.fallback.prior.get(self.band, rows.numel())
+        new = rows[~self.observed[rows]]
+        if prior is not None and new.numel() > 0:
+            self.gain[new], self.verify[new], self.observed[new] = prior[0], prior[1], True
         observed = self.observed[rows]
         candidates = rows[observed]
         chosen = torch.zeros(rows.numel(), dtype=torch.bool)
@@ -151,4 +189,6 @@ class GoodputFallbackRun:
             estimate[index] = torch.where(self.observed[index], previous + alpha * (value - previous), value)
         self.observed[index] = True
         self.skipped[index] = 0
+        if index.numel() > 0:
+            self.fallback.prior.update(self.band, rows.numel(), accepted[drafted], verify_lengths[drafted])
         self.skipped[rows[~drafted]] += 1
