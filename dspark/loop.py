@@ -228,6 +228,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
                 survival=None if survival is None else survival.float().cpu(),
                 draft_seconds=drafted - started, verify_seconds=verified - drafted, cache_slots=cache.slots,
                 estimator=estimator_report() if survival is not None and estimator_report is not None else None,
+                drafted_for=torch.full((rows.numel(),), max_draft_tokens > 0) if drafting is None else drafting & (max_draft_tokens > 0),
             )
         )
         # The cost model learns what this step's forward and drafting actually took.
@@ -236,8 +237,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         if observe_draft is not None and draft.num_tokens > 0 and verify_context.drafted_rows > 0:
             observe_draft(verify_context.drafted_rows, drafted - started)
         if fallback_run is not None:
-            was_drafted = torch.full((rows.numel(),), max_draft_tokens > 0) if drafting is None else drafting & (max_draft_tokens > 0)
-            fallback_run.observe(counts[0], was_drafted, counts[1], counts[2], drafted - started)
+            fallback_run.observe(records[-1])
         # 8. Finished rows stop costing compute.
         host_finished = counts[5].bool()
         if bool(host_finished.any()):

@@ -103,9 +103,9 @@ class FallbackRun(Protocol):
         """BoolTensor[R]: draft for row i of this step (``rows``: the batch indices, LongTensor[R]); None: all."""
         ...
 
-    def observe(self, rows: torch.Tensor, drafted: torch.Tensor, verify_lengths: torch.Tensor, accepted: torch.Tensor, draft_seconds: float) -> None:
-        """The step's outcome per row: whether it was drafted for, ℓ_r, and the accepted count n_r; and the
-        step's measured time outside the target forward (``StepRecord.draft_seconds``)."""
+    def observe(self, record) -> None:
+        """The step's ``StepRecord`` (host tensors): which rows were drafted for (``drafted_for``), their
+        ℓ_r, accepted counts and survival, and the step's time outside the target forward (``draft_seconds``)."""
         ...
 
 

@@ -29,6 +29,7 @@ import torch
 
 from dspark.checks import check_int
 from dspark.protocols import POLICY_HOOKS, CostModel, VerifyPolicy, hook
+from dspark.stats import StepRecord
 from dspark.types import GenerationStart, SamplingConfig, VerifyContext
 
 __all__ = ["BlockTrace", "SimulatedRun", "simulate", "synthetic_trace"]
@@ -196,7 +197,8 @@ def simulate(
         step_tokens = torch.minimum(accepted + 1, budget)
         seconds += (cost_model.draft_time(drafted_rows) if drafted_rows > 0 else 0.0) + cost_model.step_time(count, 1 + int(verify_lengths.max()))
         if run is not None:
-            run.observe(active, drafting, verify_lengths, accepted, 0.0)
+            run.observe(StepRecord(rows=active, verify_lengths=verify_lengths, accepted=accepted, emitted=step_tokens, drafted=limits,
+                                   survival=survival, draft_seconds=0.0, verify_seconds=0.0, cache_slots=0, drafted_for=drafting))
         emitted[active] += step_tokens
         tokens += int(step_tokens.sum())
         verified += int(verify_lengths.sum())

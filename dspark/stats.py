@@ -23,6 +23,8 @@ class StepRecord:
     counted in the later of the two); ``cache_slots``: the target cache's length after this step's
     tokens were committed, before finished rows leave the batch; ``estimator``: what the confidence
     estimator reported for this step (its optional ``report`` hook, e.g. recalibrated temperatures).
+    ``drafted_for``: BoolTensor[R], the rows the drafter was asked to draft for (a policy's row fallback and
+    per-request caps of 0 leave rows out; None in records not made by the loop).
     """
 
     rows: torch.Tensor
@@ -35,6 +37,7 @@ class StepRecord:
     verify_seconds: float
     cache_slots: int
     estimator: dict | None = None
+    drafted_for: torch.Tensor | None = None
 
 
 @attrs.frozen

@@ -7,8 +7,9 @@ import torch
 from hypothesis import given, settings
 
 from dspark.protocols import RowFallback
+from dspark.stats import StepRecord
 from dspark.types import GenerationStart, SamplingConfig
-from dspark.verify.fallback import GoodputFallback, best_drafted_rows, drafting_goodput
+from dspark.verify.fallback import GoodputFallback, best_drafted_rows, drafting_goodput, verified_gain
 from tests.strategies import fallback_problems
 
 
@@ -32,8 +33,16 @@ def start(rows: int, priority=None) -> GenerationStart:
     return GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(), priority=priority)
 
 
+def record(rows, drafted, verify_lengths, accepted, survival=None, draft_seconds=0.0) -> StepRecord:
+    """A StepRecord of one step as the loop makes it (no survival: the fallback reads the accepted counts)."""
+    rows, drafted = torch.tensor(rows), torch.tensor(drafted)
+    return StepRecord(rows=rows, verify_lengths=torch.tensor(verify_lengths), accepted=torch.tensor(accepted), emitted=torch.tensor(accepted) + 1,
+                      drafted=torch.where(drafted, 4, 0), survival=survival, draft_seconds=draft_seconds, verify_seconds=1.0, cache_slots=0,
+                      drafted_for=drafted)
+
+
 def observe(run, rows, drafted, verify_lengths, accepted):
-    run.observe(torch.tensor(rows), torch.tensor(drafted), torch.tensor(verify_lengths), torch.tensor(accepted))
+    run.observe(record(rows, drafted, verify_lengths, accepted))
 
 
 # ----------------------------------------------------------------------------- the pure functions
@@ -51,13 +60,13 @@ def test_drafting_goodput_by_hand():
 @pytest.mark.parametrize(
     "costs, expected",
     [
-        (Costs(), [True, True, True]),  # drafting is free: every row, even the one that gains nothing
+        (Costs(), [True, False, True]),  # drafting is free: every row that gains anything
         (Costs(draft_base=10.0), [False, False, False]),  # drafting costs ten steps: nobody
         (Costs(draft_base=0.3), [True, False, True]),  # Θ = 3, 3.05, 3.41, 3.38: the zero-gain row only adds cost
     ],
 )
 def test_best_drafted_rows(costs, expected):
-    """The choice follows the cost of drafting: all when free, none when dear, the rows that gain in between."""
+    """The choice follows the cost of drafting: every row that gains when free, none when dear, the best in between."""
     costs = attrs.evolve(costs, draft_row=0.0 if costs.draft_base == 0 else 0.01)
     chosen = best_drafted_rows(torch.tensor([1.0, 0.0, 0.5], dtype=torch.float64), torch.tensor([1, 1, 1]), 3.0, 3, costs.step_time, costs.draft_time)
     assert chosen.tolist() == expected
@@ -130,7 +139,9 @@ def test_a_row_that_gains_nothing_falls_back_and_is_reprobed_with_back_off():
 
 def test_a_reprobed_row_that_gains_again_comes_back():
     """A skipped row whose probe accepts drafts again is drafted on the following steps and its wait starts over."""
-    run = GoodputFallback(probe_after=1, smoothing=1.0).start(start(1), Costs(draft_base=0.2))
+    fallback = GoodputFallback(probe_after=1, smoothing=1.0)
+    fallback.prior.update("greedy", 1, torch.tensor([2.0]), torch.tensor([2]))  # an earlier generation gained 2
+    run = fallback.start(start(1), Costs(draft_base=0.2))
     rows = torch.tensor([0])
     assert run.draft_rows(rows).tolist() == [True]
     observe(run, [0], [True], [2], [0])
@@ -167,7 +178,7 @@ def test_what_a_step_without_drafting_still_spends_is_not_counted_as_savings():
     run.draft_rows(rows)
     observe(run, [0], [True], [1], [0])  # g = 0: skipped from now on
     assert run.draft_rows(rows).tolist() == [False]
-    run.observe(rows, torch.tensor([False]), torch.tensor([0]), torch.tensor([0]), 0.2)
+    run.observe(record([0], [False], [0], [0], draft_seconds=0.2))
     assert run.idle_seconds == pytest.approx(0.2)
     run.gain[0] = 0.1  # as if probes had shown a small gain
     assert run.draft_rows(rows).tolist() == [True]  # 1.1 / (0.05 + 1) > 1 / 1
@@ -185,3 +196,29 @@ def test_a_new_batch_starts_from_what_earlier_generations_showed_at_its_size():
     assert fallback.start(start(3), costs).draft_rows(torch.tensor([0, 1, 2])).tolist() == [True, True, True]
     sampled = GenerationStart(rows=2, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(do_sample=True))
     assert fallback.start(sampled, costs).draft_rows(torch.tensor([0, 1])).tolist() == [True, True]
+
+
+def test_the_gain_of_a_step_is_the_expected_acceptance_of_what_was_verified():
+    """With survival, a row's gain is Σ_{j≤ℓ} c_1·…·c_j (0 when nothing was verified); without, its accepted count."""
+    survival = torch.tensor([[0.5, 0.5, 0.5], [0.9, 0.1, 0.9], [1.0, 1.0, 1.0]])
+    step = record([0, 1, 2], [True, True, True], [2, 3, 0], [0, 1, 0], survival=survival)
+    assert torch.allclose(verified_gain(step), torch.tensor([0.75, 0.9 + 0.09 + 0.081, 0.0], dtype=torch.float64))
+    assert verified_gain(record([0], [True], [2], [1])).tolist() == [1.0]
+
+
+def test_rows_are_not_reprobed_where_no_row_ever_gained_enough():
+    """Where every drafted row so far gained nothing, skipped rows are never probed again; once a row somewhere
+    at that batch size has gained enough to pay, probing resumes."""
+    fallback = GoodputFallback(smoothing=1.0, probe_after=1)
+    costs = Costs(draft_row=0.3)
+    run = fallback.start(start(2), costs)
+    rows = torch.tensor([0, 1])
+    run.draft_rows(rows)
+    observe(run, [0, 1], [True, True], [0, 0], [0, 0])
+    drafted = []
+    for _ in range(6):
+        drafted.append(run.draft_rows(rows).tolist())
+        observe(run, [0, 1], drafted[-1], [0, 0], [0, 0])
+    assert drafted == [[False, False]] * 6
+    fallback.prior.update("greedy", 2, torch.tensor([3.0]), torch.tensor([3]))
+    assert run.draft_rows(rows).tolist() == [True, True]

@@ -6,7 +6,7 @@ import torch
 
 import dspark
 from dspark.drafters import DraftModelDrafter, PromptLookupDrafter
-from dspark.verify import DraftProbability, FixedLength, GoodputFallback, HardwareAwareScheduler, Threshold
+from dspark.verify import DrafterConfidence, DraftProbability, FixedLength, GoodputFallback, HardwareAwareScheduler, Threshold
 from tests.conftest import ARCHITECTURES, build_model, left_padded_batch
 
 PROMPT_LENGTHS = [7, 12, 3, 9]
@@ -302,16 +302,6 @@ def test_bad_per_request_settings_are_refused(llama, arguments, match):
 
 
 @attrs.frozen
-class FixedSurvival:
-    """Every draft position survives with the same probability (an estimator for point-mass drafts)."""
-
-    value: float = 0.9
-
-    def survival(self, draft):
-        return torch.full(draft.tokens.shape, self.value)
-
-
-@attrs.frozen
 class CheapWideningCosts:
     """A forward barely grows with its width; drafting has a fixed cost of a third of a step."""
 
@@ -334,7 +324,9 @@ class OddRowsWrongDrafter(DraftModelDrafter):
         self.asked.append(set(wanted.tolist()) if max_draft_tokens > 0 else set())
         draft = super().propose(context, max_draft_tokens)
         odd = (context.rows % 2 == 1)[:, None]
-        return attrs.evolve(draft, tokens=torch.where(odd, (draft.tokens + 1) % self.vocab_size, draft.tokens))
+        # It knows which of its drafts are good: a calibrated confidence of 0.9 or 0.05 per position.
+        confidence = torch.where(odd, 0.05, 0.9).expand(draft.tokens.shape).float()
+        return attrs.evolve(draft, tokens=torch.where(odd, (draft.tokens + 1) % self.vocab_size, draft.tokens), confidence=confidence)
 
 
 def test_row_fallback_skips_rows_that_do_not_pay_and_reprobes_them(llama):
@@ -343,7 +335,7 @@ def test_row_fallback_skips_rows_that_do_not_pay_and_reprobes_them(llama):
     input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=5)
     drafter = OddRowsWrongDrafter(llama)
     policy = HardwareAwareScheduler(row_fallback=GoodputFallback(probe_after=2))
-    result = dspark.wrap(llama, drafter, policy=policy, confidence=FixedSurvival(), cost_model=CheapWideningCosts(), max_draft_tokens=4).generate(
+    result = dspark.wrap(llama, drafter, policy=policy, confidence=DrafterConfidence(), cost_model=CheapWideningCosts(), max_draft_tokens=4).generate(
         input_ids, attention_mask=attention_mask, max_new_tokens=40, eos_token_id=[]
     )
     expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)

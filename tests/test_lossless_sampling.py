@@ -288,10 +288,11 @@ class EvenRowsAfterRejection:
             return None
         return self.rejected[rows] & (rows % 2 == 0)
 
-    def observe(self, rows, drafted, verify_lengths, accepted, draft_seconds):
+    def observe(self, record):
+        rows, drafted = record.rows, record.drafted_for
         if not hasattr(self, "rejected"):
             self.rejected = torch.zeros(int(rows.max()) + 1, dtype=torch.bool)
-        self.rejected[rows[drafted]] = accepted[drafted] == 0
+        self.rejected[rows[drafted]] = record.accepted[drafted] == 0
 
 
 @attrs.frozen
@@ -322,21 +323,24 @@ def test_a_row_fallback_reading_the_past_keeps_the_law(models, drafter_kind):
 
 @attrs.frozen
 class PerRowDrafting:
-    """ROOFLINE's step curve with drafting that costs per row drafted."""
+    """ROOFLINE's step curve with drafting that costs per row drafted (0.12 of a step per thousand rows)."""
 
     def step_time(self, rows: int, tokens: int) -> float:
         return ROOFLINE.step_time(rows, tokens)
 
     def draft_time(self, rows: int) -> float:
-        return 0.0002 * rows
+        return 0.00012 * rows
 
 
 def test_the_dspark_scheduler_with_its_row_fallback_is_lossless_at_batch_size_above_one(models):
-    """HardwareAwareScheduler with its default GoodputFallback on a 4000-row batch of the semi-AR drafter: at the
-    second step only the rows whose first draft was accepted are drafted for, and the law holds."""
+    """HardwareAwareScheduler with its default GoodputFallback on a 4000-row batch of two prompts and the semi-AR
+    drafter: at the second step only the rows of the prompt whose first draft promised more (expected gain 0.57
+    against 0.43 tokens) are drafted for, and both prompts' samples follow the law."""
     target, _ = models
-    result = _sample(target, _semi_ar_drafter(target), WARPINGS[0], seed=5, policy=HardwareAwareScheduler(), confidence=DrafterConfidence(), cost_model=PerRowDrafting())
-    first, second = result.stats.records[:2]
-    assert bool((first.accepted > 0).any()) and bool((first.accepted == 0).any())
-    assert torch.equal(second.drafted > 0, first.accepted > 0)
-    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE
+    prompts = torch.cat([PROMPT, PROMPT_B])
+    result = _sample(target, _semi_ar_drafter(target), WARPINGS[0], seed=5, prompts=prompts, policy=HardwareAwareScheduler(),
+                     confidence=DrafterConfidence(), cost_model=PerRowDrafting())
+    second = result.stats.records[1]
+    assert bool(second.drafted_for[0::2].all()) and not bool(second.drafted_for[1::2].any())
+    for index, prompt in enumerate(prompts):
+        assert _g_test_p_value(result.sequences[index::2], _joint_law(target, WARPINGS[0], prompt[None])) > SIGNIFICANCE

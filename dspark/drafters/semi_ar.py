@@ -282,6 +282,8 @@ class SemiARDrafter(nn.Module):
         self.recurrent = nn.Linear(2 * rank + size, 3 * rank) if config.sequential == "rnn" else None
         self.confidence_head = nn.Linear(size + rank, 1)
         self._context: RaggedCache | None = None
+        # Committed target features not yet read into the context cache: read when the next draft needs them.
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._vocab_features: tuple[tuple, torch.Tensor] | None = None
 
     # -- parts of one proposal ---------------------------------------------------------------
@@ -460,21 +462,28 @@ class SemiARDrafter(nn.Module):
     def start(self, start: GenerationStart) -> None:
         """A new generation: an empty context cache for its rows."""
         self._context = RaggedCache(start.rows, start.device, hole_budget=self.config.max_draft_tokens + 1)
+        self._pending = []
 
     @torch.inference_mode()
     def propose(self, context: DraftContext, max_draft_tokens: int) -> Draft:
-        """Read the newly committed target features of every row, then draft ``max_draft_tokens`` tokens
-        for the rows in ``context.draft_rows`` (all by default; the others get an empty draft)."""
+        """Draft ``max_draft_tokens`` tokens for the rows in ``context.draft_rows`` (all by default; the
+        others get an empty draft) after reading every row's newly committed target features. Features
+        of steps that draft for no row are kept and read together when a draft next needs them, so a
+        generation whose rows are never drafted for never pays for reading its prompt."""
         if self._context is None:
             raise ValueError("SemiARDrafter.propose needs start(GenerationStart) first; dspark's generate calls it")
         if context.features is not None and context.features.shape[1] > 0:
-            self.extend_context(context.features, context.feature_mask)
+            self._pending.append((context.features, context.feature_mask))
         rows, device = context.rows.numel(), context.tokens.device
         # The parallel backbone always sees the block width it was trained with; only the first max_draft_tokens are drafted.
         max_draft_tokens = min(max_draft_tokens, self.config.max_draft_tokens)
         selected = context.draft_rows
         if max_draft_tokens == 0 or (selected is not None and selected.numel() == 0):
             return Draft.empty(rows, device)
+        if self._pending:
+            features, masks = zip(*self._pending)
+            self._pending = []
+            self.extend_context(torch.cat(features, dim=1), torch.cat(masks, dim=1))
         anchors = context.anchors if selected is None else context.anchors[selected]
         draft = self._draft_block(anchors, context.sampling, context.generator, max_draft_tokens, selected)
         return draft if selected is None else draft.placed(rows, selected)
@@ -533,6 +542,9 @@ class SemiARDrafter(nn.Module):
         committed positions (the next proposal's features say which)."""
         if self._context is not None:
             self._context.drop_finished(outcome.finished)
+        if self._pending and bool(outcome.finished.any()):
+            still = ~outcome.finished
+            self._pending = [(features[still], mask[still]) for features, mask in self._pending]
 
     # -- persistence ----------------------------------------------------------------------------
 

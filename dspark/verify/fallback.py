@@ -1,18 +1,21 @@
 """Per-row fallback: before each proposal, draft only for the rows whose drafting pays for itself.
 
 Notation (one step, R rows in the target's forward): w_r the row's priority weight; g_r the tokens
-drafting gained it, smoothed over the steps it was drafted for (its accepted count n_r, 0 when the
-scheduler verified none of its draft); λ_r its smoothed verify length ℓ_r; D(k) the seconds that
+drafting gained it, smoothed over the steps it was drafted for: the expected accepted count of what was
+verified, Σ_{j≤ℓ_r} a_{r,j} with a = c_1·…·c_j the estimator's survival (calibrated, it is unbiased and
+far less noisy than the realised n_r, mostly 0 or 1), or n_r itself without an estimator; 0 when the
+scheduler verified none of the row's draft; λ_r its smoothed verify length ℓ_r; D(k) the seconds that
 drafting k rows adds to a step, the cost model's ``draft_time(k)`` less what a step that drafts for no
 row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
-its books), which the run measures on such steps; D(0) = 0; T(R, w) the seconds of the target forward
+its books), the least the run has measured on such steps (the least, because the first such step also
+reads the whole prompt's features); D(0) = 0; T(R, w) the seconds of the target forward
 over R rows of w new tokens. Drafting the set S of rows is predicted to yield
 
     Θ(S) = (Σ_r w_r + Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} round(λ_r)))
 
 weighted tokens per second. ``drafting_goodput`` evaluates Θ for S = the k rows of largest w_r·g_r,
-k = 0..n, and ``best_drafted_rows`` drafts the best such S (the last maximum: where drafting is free, as
-with a cost model that charges nothing for it, every row is drafted).
+k = 0..n, and ``best_drafted_rows`` drafts the best such S (the first maximum: a row that is predicted to
+gain nothing is not drafted for even when drafting it would cost nothing).
 A row is therefore drafted only when what it gains exceeds what the whole batch would have produced
 in the time its drafting (and any widening of the forward) costs.
 
@@ -25,7 +28,9 @@ A row's first estimate is the gain drafted rows have shown at this batch size an
 earlier generations (``GainPrior``, kept by the ``GoodputFallback``): what a drafting pass gains depends
 on how much the scheduler verifies, which depends on R, and probing every row of a new batch costs a
 whole drafting pass. Only when nothing is known there yet are a batch's rows drafted for at its first
-step. The prior belongs to one drafter and target: give each wrapped model its own scheduler (``wrap``
+step. The prior also keeps the largest gain one row has shown in a step there, the ceiling: a skipped
+row is re-probed only if a row gaining that much would pay for its drafting, so where no row has ever
+gained enough (under load, where the scheduler verifies nothing) nothing is drafted at all. The prior belongs to one drafter and target: give each wrapped model its own scheduler (``wrap``
 and the presets in ``dspark.strategies`` make a new one each time).
 """
 
@@ -37,12 +42,21 @@ import attrs
 import torch
 
 from dspark.checks import int_at_least
-from dspark.fast_path import row_bucket
 from dspark.protocols import CostModel
+from dspark.stats import StepRecord
 from dspark.types import GenerationStart
 from dspark.verify.calibration import band_of
 
-__all__ = ["GainPrior", "GoodputFallback", "GoodputFallbackRun", "best_drafted_rows", "drafting_goodput"]
+__all__ = ["GainPrior", "GoodputFallback", "GoodputFallbackRun", "best_drafted_rows", "drafting_goodput", "verified_gain"]
+
+
+def verified_gain(record: StepRecord) -> torch.Tensor:
+    """Per row of a step, DoubleTensor[R]: Σ_{j≤ℓ_r} a_{r,j} from the record's survival, else the accepted count."""
+    if record.survival is None or record.survival.shape[1] == 0:
+        return record.accepted.double()
+    prefix = record.survival.double().cumprod(dim=1)
+    verified = torch.arange(1, prefix.shape[1] + 1)[None, :] <= record.verify_lengths[:, None]
+    return (prefix * verified).sum(dim=1)
 
 
 def _check_rows_problem(gains: torch.Tensor, widths: torch.Tensor, rows: int) -> None:
@@ -73,32 +87,45 @@ def best_drafted_rows(
     gains: torch.Tensor, widths: torch.Tensor, base: float, rows: int,
     step_time: Callable[[int, int], float], draft_time: Callable[[int], float],
 ) -> torch.Tensor:
-    """BoolTensor[n]: the candidates in the last maximum of ``drafting_goodput`` (most rows on a tie)."""
+    """BoolTensor[n]: the candidates in the first maximum of ``drafting_goodput`` (fewest rows on a tie)."""
     order, theta = drafting_goodput(gains, widths, base, rows, step_time, draft_time)
     chosen = torch.zeros(gains.numel(), dtype=torch.bool)
-    chosen[order[: gains.numel() - int(theta.flip(0).argmax())]] = True
+    chosen[order[: int(theta.argmax())]] = True
     return chosen
 
 
+def _size_bucket(rows: int) -> int:
+    return 1 << max(rows - 1, 0).bit_length()
+
+
 class GainPrior:
-    """The smoothed gain g and verify length λ of drafted rows per sampling band and batch-size bucket
-    (``band_of``, ``row_bucket(R)``), over every generation of one ``GoodputFallback``: the first
-    estimate of a new row."""
+    """Per sampling band and batch-size bucket (``band_of``; R rounded up to a power of two, so that a batch
+    whose rows finish one by one keeps its prior), over every generation of
+    one ``GoodputFallback``: the smoothed gain g and verify length λ of drafted rows (a new row's first
+    estimate), and the largest gain one row showed in a step, with its verify length (the probe ceiling)."""
 
     def __init__(self, smoothing: float = 0.05):
         self.smoothing = smoothing
         self.estimates: dict[tuple[str, int], tuple[float, float]] = {}
+        self.ceilings: dict[tuple[str, int], tuple[float, float]] = {}
 
     def get(self, band: str, rows: int) -> tuple[float, float] | None:
         """(g, λ) in this band at this batch size, None before any drafted row was observed there."""
-        return self.estimates.get((band, row_bucket(rows)))
+        return self.estimates.get((band, _size_bucket(rows)))
+
+    def ceiling(self, band: str, rows: int) -> tuple[float, float] | None:
+        """(the largest gain of one row in one step, its verify length) there, None before any was observed."""
+        return self.ceilings.get((band, _size_bucket(rows)))
 
     def update(self, band: str, rows: int, gains: torch.Tensor, verify_lengths: torch.Tensor) -> None:
-        """Smooth in the mean outcome of one step's drafted rows of a batch of ``rows`` rows."""
+        """Smooth in the mean outcome of one step's drafted rows of a batch of ``rows`` rows; raise the ceiling."""
         observed = (float(gains.double().mean()), float(verify_lengths.double().mean()))
-        key = (band, row_bucket(rows))
+        key = (band, _size_bucket(rows))
         known = self.estimates.get(key)
         self.estimates[key] = observed if known is None else tuple(old + self.smoothing * (new - old) for old, new in zip(known, observed))
+        best = int(gains.argmax())
+        if key not in self.ceilings or float(gains[best]) > self.ceilings[key][0]:
+            self.ceilings[key] = (float(gains[best]), float(verify_lengths[best]))
 
 
 @attrs.frozen
@@ -139,7 +166,7 @@ class GoodputFallback:
 class GoodputFallbackRun:
     """One generation's ``GoodputFallback`` state, on the host: per batch row g_r, λ_r, whether it was
     ever observed, steps skipped since it was last drafted and its current probe interval; and the
-    smoothed seconds a step that drafts for no row spends outside the target forward."""
+    least seconds a step that drafted for no row has spent outside the target forward."""
 
     def __init__(self, fallback: GoodputFallback, generation: GenerationStart, cost_model: CostModel):
         batch = generation.rows
@@ -150,11 +177,11 @@ class GoodputFallbackRun:
         self.observed = torch.zeros(batch, dtype=torch.bool)
         self.skipped = torch.zeros(batch, dtype=torch.long)
         self.interval = torch.full((batch,), fallback.probe_after, dtype=torch.long)
-        self.idle_seconds = 0.0
+        self.idle_seconds: float | None = None
 
     def avoidable_draft_time(self, rows: int) -> float:
         """D(k): what drafting ``rows`` rows adds to a step that drafts for none (module docstring)."""
-        return max(self.cost_model.draft_time(rows) - self.idle_seconds, 0.0)
+        return max(self.cost_model.draft_time(rows) - (self.idle_seconds or 0.0), 0.0)
 
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """BoolTensor[R]: the rows in the best predicted set, the rows never observed (when earlier
@@ -171,24 +198,41 @@ class GoodputFallbackRun:
                 self.priority[candidates] * self.gain[candidates], self.verify[candidates].round().long(),
                 float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, self.avoidable_draft_time,
             )
-        probes = ~observed | (~chosen & (self.skipped[rows] >= self.interval[rows]))
+        due = ~chosen & (self.skipped[rows] >= self.interval[rows])
+        if bool(due.any()) and not self._a_probe_could_pay(rows):
+            due[:] = False
+        probes = ~observed | due
         # A probe of a row its estimate keeps out waits twice as long for the next; a row back in starts over.
         backed_off = rows[probes & observed]
         self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(self.fallback.max_probe_interval)
         self.interval[rows[chosen]] = self.fallback.probe_after
         return chosen | probes
 
-    def observe(self, rows: torch.Tensor, drafted: torch.Tensor, verify_lengths: torch.Tensor, accepted: torch.Tensor, draft_seconds: float = 0.0) -> None:
-        """Smooth g_r and λ_r of the drafted rows (their first outcome replaces the estimate); count the
-        skipped; on a step that drafted for no row, smooth its ``draft_seconds`` into the idle time."""
+    def _a_probe_could_pay(self, rows: torch.Tensor) -> bool:
+        """Whether drafting one row that gains as much as the best row ever did here would pay (True when
+        nothing is known here yet)."""
+        ceiling = self.fallback.prior.ceiling(self.band, rows.numel())
+        if ceiling is None:
+            return True
+        gain = torch.tensor([ceiling[0] * float(self.priority[rows].max())], dtype=torch.float64)
+        return bool(self.fallback.choose(
+            gain, torch.tensor([round(ceiling[1])]), float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, self.avoidable_draft_time
+        )[0])
+
+    def observe(self, record: StepRecord) -> None:
+        """Smooth g_r and λ_r of the rows drafted for (their first outcome replaces the estimate); count the
+        skipped; on a step that drafted for no row, keep the least ``draft_seconds`` as the idle time."""
+        rows, verify_lengths = record.rows, record.verify_lengths
+        drafted = record.drafted > 0 if record.drafted_for is None else record.drafted_for
         alpha, index = self.fallback.smoothing, rows[drafted]
         if index.numel() == 0:
-            self.idle_seconds += alpha * (draft_seconds - self.idle_seconds)
-        for estimate, value in ((self.gain, accepted[drafted].double()), (self.verify, verify_lengths[drafted].double())):
+            self.idle_seconds = record.draft_seconds if self.idle_seconds is None else min(self.idle_seconds, record.draft_seconds)
+        gains = verified_gain(record)
+        for estimate, value in ((self.gain, gains[drafted]), (self.verify, verify_lengths[drafted].double())):
             previous = estimate[index]
             estimate[index] = torch.where(self.observed[index], previous + alpha * (value - previous), value)
         self.observed[index] = True
         self.skipped[index] = 0
         if index.numel() > 0:
-            self.fallback.prior.update(self.band, rows.numel(), accepted[drafted], verify_lengths[drafted])
+            self.fallback.prior.update(self.band, rows.numel(), gains[drafted], verify_lengths[drafted])
         self.skipped[rows[~drafted]] += 1

@@ -1,0 +1,90 @@
+"""The trace-driven load simulator: traces from records, synthetic traces with a chosen τ, and simulated
+runs checked against hand computations and against the real loop on a tiny model."""
+
+import pytest
+import torch
+
+import dspark
+from dspark.cost_models import ConstantCostModel
+from dspark.drafters import DraftModelDrafter
+from dspark.simulation import BlockTrace, simulate, synthetic_trace
+from dspark.verify import DraftProbability, FixedLength, HardwareAwareScheduler
+from tests.conftest import build_model, left_padded_batch
+
+
+def one_stream(survival, drafted, accepted) -> BlockTrace:
+    return BlockTrace(survival=(torch.tensor(survival),), drafted=(torch.tensor(drafted),), accepted=(torch.tensor(accepted),))
+
+
+def test_fixed_length_replay_by_hand():
+    """One row, blocks accepting 2 then 0 (γ = 3), 5 tokens: steps emit 3, 1, 1 and the last, with one token left,
+    drafts nothing (as in the loop); τ = 5/3, 1.5 + 1.5 + 1 seconds."""
+    trace = one_stream([[0.9, 0.8, 0.5], [0.2, 0.1, 0.1]], [3, 3], [2, 0])
+    run = simulate(trace, FixedLength(3), ConstantCostModel(step_seconds=1.0, draft_seconds=0.5), rows=1, new_tokens=5)
+    assert run.steps == 3 and run.seconds == pytest.approx(4.0)
+    assert run.tau == pytest.approx(5 / 3) and run.aggregate_tokens_per_s == pytest.approx(5 / 4.0)
+    # Verifying fewer positions accepts min(ℓ, n): MTP-1 emits 2, 1, 2 tokens.
+    mtp1 = simulate(trace, FixedLength(1), ConstantCostModel(), rows=1, new_tokens=5)
+    assert mtp1.steps == 3 and mtp1.mean_verify_length == pytest.approx(1.0)
+
+
+def test_plain_decoding_costs_one_forward_per_token():
+    """FixedLength(0): no drafting time, one token per row and step."""
+    trace = one_stream([[0.9]], [1], [1])
+    run = simulate(trace, FixedLength(0), ConstantCostModel(step_seconds=0.1, draft_seconds=1.0), rows=3, new_tokens=4)
+    assert run.steps == 4 and run.seconds == pytest.approx(0.4) and run.aggregate_tokens_per_s == pytest.approx(30.0)
+
+
+def test_synthetic_trace_hits_its_tau():
+    """The fully verified τ of a synthetic trace is the τ asked for, within sampling error."""
+    for tau in (1.4, 3.5, 5.5):
+        trace = synthetic_trace(tau, 7, streams=64, blocks=256, seed=1)
+        assert trace.tau == pytest.approx(tau, rel=0.05)
+
+
+def test_trace_from_records_and_replay_match_the_loop():
+    """A trace recorded with FixedLength(γ) and replayed with FixedLength(γ) on a unit cost per step predicts the
+    loop's step count (the same blocks in the same order, for rows that never hit EOS)."""
+    target = build_model("llama")
+    input_ids, attention_mask = left_padded_batch([5, 9, 3])
+    result = dspark.wrap(target, DraftModelDrafter(target), policy=FixedLength(3), confidence=DraftProbability(), max_draft_tokens=3).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=16, eos_token_id=[]
+    )
+    trace = BlockTrace.from_records(result.stats.records)
+    assert len(trace.survival) == 3 and trace.max_draft_tokens == 3
+    run = simulate(trace, FixedLength(3), ConstantCostModel(), rows=3, new_tokens=16)
+    assert run.steps == len(result.stats.records)
+    assert run.tau == pytest.approx(result.stats.tau)
+
+
+def test_records_that_did_not_verify_everything_are_refused():
+    """A trace needs every drafted position verified and survival scored."""
+    target = build_model("llama")
+    input_ids, attention_mask = left_padded_batch([5, 9])
+    result = dspark.wrap(target, DraftModelDrafter(target), policy=FixedLength(3), max_draft_tokens=3).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=8, eos_token_id=[]
+    )
+    with pytest.raises(ValueError, match="survival"):
+        BlockTrace.from_records(result.stats.records)
+
+
+def test_the_scheduler_with_its_fallback_stops_drafting_when_it_cannot_pay():
+    """Drafting costs as much as a step and blocks are never accepted: after the first step nothing is drafted
+    or verified, so the prediction approaches plain decoding's."""
+    trace = synthetic_trace(1.05, 4, streams=8, blocks=16)
+    costs = ConstantCostModel(step_seconds=1.0, draft_seconds=1.0)
+    scheduled = simulate(trace, HardwareAwareScheduler(), costs, rows=8, new_tokens=64)
+    plain = simulate(trace, FixedLength(0), costs, rows=8, new_tokens=64)
+    fixed = simulate(trace, FixedLength(4), costs, rows=8, new_tokens=64)
+    assert scheduled.aggregate_tokens_per_s > fixed.aggregate_tokens_per_s
+    assert scheduled.aggregate_tokens_per_s > 0.9 * plain.aggregate_tokens_per_s
+
+
+@pytest.mark.parametrize(
+    "arguments, match",
+    [({"tau": 0.9}, "tau"), ({"tau": 9.0}, "tau"), ({"spread": -1.0}, "spread"), ({"streams": 0}, "streams")],
+)
+def test_bad_synthetic_settings_are_refused(arguments, match):
+    """Out-of-range settings are refused naming the argument."""
+    with pytest.raises(ValueError, match=match):
+        synthetic_trace(**{"tau": 2.0, "max_draft_tokens": 7, **arguments})
