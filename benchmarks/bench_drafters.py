@@ -36,10 +36,10 @@ from transformers.utils import logging as transformers_logging
 import dspark
 from dspark import pretrained
 from dspark.benchmarking import generated_tokens, write_json
-from dspark.drafters import PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature, default_target_layers
+from dspark.drafters import CascadeDrafter, PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature, default_target_layers
 from dspark.training.data import eval_prompts
 from dspark.pretrained import encode_chat
-from dspark.verify import FixedLength
+from dspark.verify import CalibrationFile, FixedLength, calibrated_estimator
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -60,6 +60,8 @@ def _parse_args(argv):
     parser.add_argument("--modes", default="greedy,sample")
     parser.add_argument("--quick", action="store_true", help="1 prompt per category, 2 HumanEval, 2 GSM8K, 32 tokens")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--cascade", type=Path, default=None, metavar="LOOKUP_CALIBRATION_DIR",
+                        help="also time CascadeDrafter(prompt lookup, each calibrated drafter) with wrap's defaults, lookup scored by this calibration")
     args = parser.parse_args(argv)
     if args.quick:
         args.spec_per_category, args.humaneval, args.gsm8k, args.max_new_tokens = 1, 2, 2, 32
@@ -177,12 +179,21 @@ def main(argv: list[str] | None = None) -> dict:
     lookup = dspark.wrap(target, PromptLookupDrafter())
     plain = dspark.wrap(target, PromptLookupDrafter(), policy=FixedLength(0))
     default_models = {name: dspark.wrap(target, drafter) for name, drafter in drafters.items()}
+    if args.cascade is not None:
+        lookup_confidence = calibrated_estimator(CalibrationFile.load(args.cascade))
+        for name, drafter in drafters.items():
+            if drafter.calibration is not None:
+                cascade = CascadeDrafter([(PromptLookupDrafter(), lookup_confidence), (drafter, calibrated_estimator(drafter.calibration))])
+                default_models[f"cascade_{name}"] = dspark.wrap(target, cascade)
     plain_seconds, plain_steps = 0.0, 0
     # One short untimed call of each method, so the first timed prompt does not pay one-off set-up alone.
     warm_up = encode_chat(bundle.tokenizer, [prompts[0].message])
     target.generate(**warm_up, max_new_tokens=2, do_sample=False)
     for drafter in [PromptLookupDrafter(), *drafters.values()]:
         dspark.wrap(target, drafter).generate(**warm_up, max_new_tokens=2)
+    for name, model in default_models.items():
+        if name.startswith("cascade_"):
+            model.generate(**warm_up, max_new_tokens=2)
     for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
         encoded = encode_chat(bundle.tokenizer, [prompt.message])
         length = encoded["input_ids"].shape[1]
@@ -221,7 +232,15 @@ def main(argv: list[str] | None = None) -> dict:
                 defaults[name].add(result.stats)
                 if tokens != reference:
                     mismatches.append({"prompt": index, "drafter": f"{name}_default"})
-    methods = ["hf_generate", "hf_prompt_lookup", "dspark_autoregressive", "dspark_prompt_lookup", *drafters, *(f"{name}_default" for name in defaults)]
+        for name, model in default_models.items():
+            if name.startswith("cascade_"):
+                result, seconds = _timed(lambda: model.generate(**encoded, max_new_tokens=args.max_new_tokens))
+                tokens = generated_tokens(result.sequences, length, eos)[0]
+                record_speed(prompt.category, name, tokens, seconds)
+                defaults[name].add(result.stats)
+                if tokens != reference:
+                    mismatches.append({"prompt": index, "drafter": name})
+    methods = ["hf_generate", "hf_prompt_lookup", "dspark_autoregressive", "dspark_prompt_lookup", *drafters, *(name if name.startswith("cascade_") else f"{name}_default" for name in defaults)]
     tokens_per_s = {
         category: {method: counts[method][0] / counts[method][1] for method in methods if counts[method][1]} for category, counts in speed.items()
     }
@@ -240,7 +259,10 @@ def main(argv: list[str] | None = None) -> dict:
         "one_token_step_ms": one_token_ms,
         # Drafting time per step (first mode) over one plain target step: the "at most 25%" budget.
         "draft_cost_vs_one_token_step": {name: summaries[modes[0]][name]["draft_ms_per_step"] / one_token_ms for name in drafters},
-        "default_policy": {name: {"policy": repr(drafters[name].default_policy), **counter.summary()} for name, counter in defaults.items()},
+        "default_policy": {
+            name: {"policy": repr(default_models[name].strategy.policy), **counter.summary()}
+            for name, counter in defaults.items()
+        },
         "dspark_prompt_lookup": lookup_acceptance.summary(),
         "greedy_tokens_per_s": {"overall": overall, "categories": tokens_per_s},
         "speedup_vs_hf_generate": {method: overall[method] / overall["hf_generate"] for method in methods},

@@ -9,7 +9,9 @@ points, then predict the throughput / per-user frontier on an H200.
 2. Validation: every (mode, c, policy) of the shipped drafter in ``--measured`` (bench_load.json) is
    simulated with the same policy on the cost model ``wrap`` profiles here (the table alone, without
    online correction); the error is predicted / measured − 1 of aggregate tokens/s.
-3. Prediction on an H200 (``RooflineCostModel`` from the data sheet, bf16), c = 1 … 256, 256 tokens a row:
+3. What τ the paper's +60–85% over MTP-1 would need here: DSpark over MTP-1 at c = 1, 2, 4 on this
+   machine's cost table for synthetic drafters of τ 1.5 … 5.
+4. Prediction on an H200 (``RooflineCostModel`` from the data sheet, bf16), c = 1 … 256, 256 tokens a row:
    SmolLM2-135M with its measured traces, and an 8B Llama-3.1-like target (the paper's 7B–8B class) with
    synthetic traces of the paper's acceptance (τ 3.5 chat, 5.5 math at γ = 7).
 
@@ -50,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 H200_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TAU_SWEEP = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)
 # Llama-3.1-8B: 32 layers, width 4096, 8 key/value heads of 128, MLP 14336, vocabulary 128,256.
 LLAMA_8B = {"parameters": 8.03e9, "embedding": 128_256 * 4096, "kv_bytes_per_token": 2 * 32 * 8 * 128 * 2}
 # Its drafter: one such decoder layer (attention 4096² for q and o, 4096·1024 for k and v; the MLP), the
@@ -151,6 +154,23 @@ def validate(traces: dict, cost_model, measured: dict, gamma: int, new_tokens: i
     return {"points": points, "mean_absolute_error": sum(errors) / len(errors), "median_absolute_error": errors[len(errors) // 2], "max_absolute_error": errors[-1]}
 
 
+def tau_needed(cost_model, gamma: int, new_tokens: int) -> dict:
+    """On this machine's cost table: DSpark's predicted speed over MTP-1 and over plain decoding at c = 1, 2
+    and 4 for synthetic drafters of τ 1.5 … 5 (every position verified, γ), to say what τ the paper's
+    +60–85% over MTP-1 would need here."""
+    report = {}
+    for tau in TAU_SWEEP:
+        trace = synthetic_trace(tau, gamma, seed=3)
+        report[str(tau)] = {}
+        for c in (1, 2, 4):
+            runs = {}
+            for name, policy in (("plain", FixedLength(0)), ("mtp1", FixedLength(1)), ("dspark", HardwareAwareScheduler(max_draft_tokens=gamma))):
+                simulate(trace, policy, cost_model, rows=c, new_tokens=8)
+                runs[name] = simulate(trace, policy, cost_model, rows=c, new_tokens=new_tokens).aggregate_tokens_per_s
+            report[str(tau)][str(c)] = {"dspark_vs_mtp1": runs["dspark"] / runs["mtp1"], "dspark_vs_plain": runs["dspark"] / runs["plain"]}
+    return report
+
+
 def _roofline(parameters: float, embedding: float, kv_bytes_per_token: float, context: int) -> RooflineCostModel:
     return RooflineCostModel(parameter_bytes=2 * parameters, flops_per_token=2 * (parameters - embedding), device=DEVICES["h200"],
                              kv_bytes_per_token=kv_bytes_per_token, context=context, dtype="bfloat16")
@@ -217,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"validation on {len(report['validation']['points'])} CPU points: mean |error| {report['validation']['mean_absolute_error']:.3f}, "
           f"median {report['validation']['median_absolute_error']:.3f}, max {report['validation']['max_absolute_error']:.3f}")
 
+    report["tau_needed_on_this_cpu"] = tau_needed(table, gamma, measured["settings"]["max_new_tokens"])
     context = 1024
     smol = RooflineCostModel.for_model(bundle.target, DEVICES["h200"], dtype=torch.bfloat16, context=context)
     smol_drafter_parameters = sum(parameter.numel() for parameter in bundle.drafter.parameters()) + bundle.drafter.get_output_embeddings().weight.numel()

@@ -97,6 +97,13 @@ def _drafting(run, caps: torch.Tensor | None, host_rows: torch.Tensor) -> torch.
     return None if drafting is None or bool(drafting.all()) else drafting
 
 
+def _limits(spec: LoopSpec, rows: torch.Tensor, budget: torch.Tensor, drafting: torch.Tensor | None) -> torch.Tensor:
+    """The most draft tokens each row may have verified: what it may still emit after one more token, its
+    request's cap, and 0 for rows not drafted for."""
+    limits = budget - 1 if spec.draft_caps is None else torch.minimum(budget - 1, spec.draft_caps[rows])
+    return limits if drafting is None else limits * drafting.to(limits.device)
+
+
 def _schedule(spec: LoopSpec, draft: Draft, context: VerifyContext, max_draft_tokens: int, limits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Steps 2 and 3: survival c[r, k] (None without an estimator) and verify lengths ℓ_r ≤ ``limits``
     (what each row may emit, its cap, 0 for rows not drafted) and ≤ its draft's length."""
@@ -171,14 +178,11 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         budget = spec.max_new_tokens - emitted[rows]
         # 0. The rows worth drafting for (decided on the host from earlier steps only).
         drafting = _drafting(fallback_run, host_caps, host_rows)
-        drafted_rows = rows.numel() if drafting is None else int(drafting.sum())
-        limits = budget - 1 if spec.draft_caps is None else torch.minimum(budget - 1, spec.draft_caps[rows])
-        if drafting is not None:
-            limits = limits * drafting.to(device)
+        drafted_rows, most_left = rows.numel() if drafting is None else int(drafting.sum()), int(budget.max())
         # 1. Draft: never more tokens than any row could still emit after its anchor's successor. When the
         # fallback drafts for no row, propose still runs (for 0 tokens) so that stateful drafters read the features.
-        max_draft_tokens = max(min(strategy.max_draft_tokens, int(budget.max()) - 1), 0) if drafted_rows > 0 else 0
-        reads_features = drafted_rows == 0 and strategy.max_draft_tokens > 0 and int(budget.max()) > 1
+        max_draft_tokens = max(min(strategy.max_draft_tokens, most_left - 1), 0) if drafted_rows > 0 else 0
+        reads_features = drafted_rows == 0 and strategy.max_draft_tokens > 0 and most_left > 1
         context = DraftContext(
             tokens=sequences[rows], begin=begin[rows], end=end[rows], rows=rows, step=step,
             sampling=spec.sampling, generator=spec.generator, features=features, feature_mask=feature_mask,
@@ -188,7 +192,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
             draft = strategy.drafter.propose(context, max_draft_tokens) if max_draft_tokens > 0 or reads_features else Draft.empty(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
         verify_context = VerifyContext(rows=rows, priority=priority[rows], drafted_rows=drafted_rows if max_draft_tokens > 0 else 0)
-        survival, verify_lengths = _schedule(spec, draft, verify_context, max_draft_tokens, limits)
+        survival, verify_lengths = _schedule(spec, draft, verify_context, max_draft_tokens, _limits(spec, rows, budget, drafting))
 
         # 4. One target forward over [anchor, x_1..x_ℓ] for every row.
         width = 1 + int(verify_lengths.max())  # a host sync: the drafting time below includes the device's work

@@ -70,16 +70,20 @@ class BlockTrace:
     @classmethod
     def from_records(cls, records: Sequence) -> "BlockTrace":
         """The blocks of ``GenerationResult.stats.records`` from a run that verified every drafted position
-        and scored survival (e.g. ``FixedLength(γ)`` with a confidence estimator), one stream per row."""
+        and scored survival (``FixedLength(γ)`` with a confidence estimator), one stream per row; each
+        block's length is what was verified of it (less than drafted only where a row's budget ran out)."""
         streams: dict[int, list[tuple[torch.Tensor, int, int]]] = {}
         for step, record in enumerate(records):
-            if record.survival is None:
+            if record.survival is None and bool((record.verify_lengths > 0).any()):
                 raise ValueError(f"records must carry survival (configure a confidence estimator); step {step} has none")
-            if not torch.equal(record.verify_lengths, record.drafted):
-                raise ValueError(f"records must verify every drafted position (FixedLength(γ)); step {step} verified {record.verify_lengths.tolist()} of {record.drafted.tolist()}")
+            if bool((record.verify_lengths > record.drafted).any()):
+                raise ValueError(f"records must not verify more than was drafted; step {step} verified {record.verify_lengths.tolist()} of {record.drafted.tolist()}")
+            if record.survival is None:
+                continue  # a step that drafted nothing (the last one, with one token left per row)
             for index, row in enumerate(record.rows.tolist()):
-                if int(record.drafted[index]) > 0:
-                    streams.setdefault(row, []).append((record.survival[index].float(), int(record.drafted[index]), int(record.accepted[index])))
+                # A block counts for what was verified of it (a row's last steps verify less as its budget ends).
+                if int(record.verify_lengths[index]) > 0:
+                    streams.setdefault(row, []).append((record.survival[index].float(), int(record.verify_lengths[index]), int(record.accepted[index])))
         if not streams:
             raise ValueError("records hold no drafted block")
         width = max(blocks[0][0].numel() for blocks in streams.values())

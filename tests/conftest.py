@@ -140,3 +140,13 @@ def tiny_data_dir(tmp_path, per_source=6):
     for name, records in rows.items():
         (train / name).write_text("".join(json.dumps(record) + "\n" for record in records))
     return tmp_path / "data"
+
+
+class FixedSurvival:
+    """An estimator giving every draft position the same survival (for point-mass drafts, which carry no q)."""
+
+    def __init__(self, value: float = 0.6):
+        self.value = value
+
+    def survival(self, draft):
+        return torch.full(draft.tokens.shape, self.value, device=draft.tokens.device)

@@ -8,14 +8,14 @@ import torch
 from scipy.stats import chi2
 
 import dspark
-from dspark.drafters import DraftModelDrafter, PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature
+from dspark.drafters import CascadeDrafter, DraftModelDrafter, PromptLookupDrafter, SemiARConfig, SemiARDrafter, TargetSignature
 from dspark.types import Draft, SamplingConfig
 from dspark.verify import DrafterConfidence, DraftProbability, FixedLength, Threshold
 from dspark.verify.calibration import Calibration, CalibrationSet
 from dspark.verify.estimators import CalibratedConfidence, DriftCorrectedConfidence, LogisticConfidence, OnlineLogisticConfidence
 from dspark.verify.schedulers import HardwareAwareScheduler, MinimumGainRule, VllmArgmaxRule, prefix_schedule
 from dspark.verify.warping import warped_probs
-from tests.conftest import build_model
+from tests.conftest import FixedSurvival, build_model
 
 VOCAB = 6
 ROWS = 4000
@@ -344,3 +344,23 @@ def test_the_dspark_scheduler_with_its_row_fallback_is_lossless_at_batch_size_ab
     assert bool(second.drafted_for[0::2].all()) and not bool(second.drafted_for[1::2].any())
     for index, prompt in enumerate(prompts):
         assert _g_test_p_value(result.sequences[index::2], _joint_law(target, WARPINGS[0], prompt[None])) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("rule", ["first", "confidence"])
+def test_a_cascade_of_lookup_and_the_semi_ar_drafter_is_lossless(models, rule):
+    """Per row prompt lookup (a point mass) or the semi-AR drafter (its q), chosen by lookup's match or by c_1:
+    both kinds of rows occur in one step, and the samples follow the target law."""
+    target, _ = models
+    cascade = CascadeDrafter([(PromptLookupDrafter(max_ngram=2, min_ngram=1), FixedSurvival(0.5)), (_semi_ar_drafter(target), DrafterConfidence())], rule=rule)
+    sources = []
+    observe = cascade.observe
+
+    def recording_observe(outcome):
+        if cascade._sources is not None:  # None on a last step that drafted nothing
+            sources.append(cascade._sources.clone())
+        observe(outcome)
+
+    cascade.observe = recording_observe
+    result = _sample(target, cascade, WARPINGS[0], seed=6, policy=FixedLength(2))
+    assert set(sources[1].tolist()) == {0, 1}, "the second step must mix lookup rows and semi-AR rows"
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE
