@@ -9,7 +9,7 @@ drafting k rows adds to a step, the cost model's ``draft_time(k)`` less what a s
 row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
 its books), the least the run has measured on such steps (the least, because the first such step also
 reads the whole prompt's features); D(0) = 0; T(R, w) the seconds of the target forward
-over R rows of w new tokens. Drafting the set S of rows is predicted to yield
+over R rows of w new tokens. Drafting the set S of rows is predicted to yield::
 
     Θ(S) = (Σ_r w_r + Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} round(λ_r)))
 
