@@ -81,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--max-draft-tokens", "--block-size", dest="max_draft_tokens", type=int, default=7, help="γ, the block width the drafter is trained for (--block-size: deprecated spelling)")
     train.add_argument("--sequential", default="markov", choices=["markov", "rnn", "none"])
     train.add_argument("--backbone", default="parallel", choices=["parallel", "autoregressive"], help="autoregressive: the EAGLE/MTP-like ablation")
+    train.add_argument("--anchor-input", default="embedding", choices=["embedding", "feature"], help="feature: the anchor also reads the target feature of the position before it (drafter v2, EAGLE-style)")
     train.add_argument("--layers", type=int, default=2)
     train.add_argument("--intermediate-size", type=int, default=1024)
     train.add_argument("--rank", type=int, default=64)
@@ -187,7 +188,7 @@ def _train(args, parser: argparse.ArgumentParser) -> None:
     overrides = dict(
         max_draft_tokens=args.max_draft_tokens, num_layers=args.layers, intermediate_size=args.intermediate_size,
         sequential=None if args.sequential == "none" else args.sequential, backbone=args.backbone, rank=args.rank,
-        draft_vocab_size=args.draft_vocab_size,
+        draft_vocab_size=args.draft_vocab_size, anchor_input=args.anchor_input,
     )
     if args.target_layers:
         overrides["target_layers"] = tuple(int(value) for value in args.target_layers.split(","))

@@ -84,13 +84,13 @@ DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 TRAIN_DIR = DATA_DIR / "train"
 
 
-def tiny_semi_ar_drafter(target, sequential="markov", max_draft_tokens=4, backbone="parallel"):
+def tiny_semi_ar_drafter(target, sequential="markov", max_draft_tokens=4, backbone="parallel", anchor_input="embedding"):
     """A small untrained SemiARDrafter for ``target`` (target layers 1 and 2), seeded."""
     from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature
 
     config = SemiARConfig(
         target=TargetSignature.of(target), target_layers=(1, 2), max_draft_tokens=max_draft_tokens, num_heads=4, intermediate_size=64, rank=8,
-        sequential=sequential, backbone=backbone,
+        sequential=sequential, backbone=backbone, anchor_input=anchor_input,
     )
     torch.manual_seed(0)
     return SemiARDrafter(config, target)

@@ -20,17 +20,23 @@ def _drafter(target, seed: int = 0, **overrides) -> SemiARDrafter:
     with torch.no_grad():  # a non-zero transition so the sequential head matters in these tests
         drafter.transition_out.normal_(0, 0.5)
         drafter.mask_embedding.normal_(0, 0.5)
+        if drafter.anchor_fusion is not None:  # away from its start at the plain sum
+            drafter.anchor_fusion.weight.normal_(0, 0.2)
     return drafter.eval()
 
 
-@pytest.mark.parametrize("sequential, backbone", [("markov", "parallel"), ("rnn", "parallel"), (None, "parallel"), (None, "autoregressive"), ("markov", "autoregressive")])
+@pytest.mark.parametrize(
+    "sequential, backbone, anchor_input",
+    [("markov", "parallel", "embedding"), ("rnn", "parallel", "embedding"), (None, "parallel", "embedding"), (None, "autoregressive", "embedding"),
+     ("markov", "autoregressive", "embedding"), ("markov", "parallel", "feature"), (None, "parallel", "feature")],
+)
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
-def test_greedy_equals_hf_generate(architecture, sequential, backbone):
-    """Any semi-AR drafter (here untrained) and the autoregressive-head ablation reproduce HF greedy output."""
+def test_greedy_equals_hf_generate(architecture, sequential, backbone, anchor_input):
+    """Any semi-AR drafter (here untrained), with either anchor input, and the autoregressive-head ablation reproduce HF greedy output."""
     target = build_model(architecture)
     input_ids, attention_mask = left_padded_batch([7, 12, 3])
     expected = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=20, do_sample=False)
-    drafter = _drafter(target, sequential=sequential, backbone=backbone)
+    drafter = _drafter(target, sequential=sequential, backbone=backbone, anchor_input=anchor_input)
     for policy in (None, Threshold(0.5)):
         result = dspark.wrap(target, drafter, policy=policy, confidence=None if policy is None else DrafterConfidence()).generate(
             input_ids, attention_mask=attention_mask, max_new_tokens=20
@@ -103,7 +109,8 @@ def test_loading_for_another_target_is_refused(tmp_path, llama):
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [({"sequential": "lstm"}, "sequential"), ({"backbone": "tree"}, "backbone"), ({"target_layers": ()}, "target_layers"), ({"num_heads": 5}, "num_heads"), ({"draft_vocab_size": 0}, "draft_vocab_size"), ({"max_draft_tokens": 0}, "max_draft_tokens"), ({"verify_threshold": 1.5}, "verify_threshold")],
+    [({"sequential": "lstm"}, "sequential"), ({"backbone": "tree"}, "backbone"), ({"target_layers": ()}, "target_layers"), ({"num_heads": 5}, "num_heads"), ({"draft_vocab_size": 0}, "draft_vocab_size"), ({"max_draft_tokens": 0}, "max_draft_tokens"), ({"verify_threshold": 1.5}, "verify_threshold"),
+     ({"anchor_input": "hidden"}, "anchor_input"), ({"anchor_input": "feature", "backbone": "autoregressive"}, "anchor_input")],
 )
 def test_bad_configs_are_refused(llama, overrides, message):
     """Invalid configuration values raise ValueError naming the field."""
@@ -128,13 +135,15 @@ def test_target_layers_beyond_the_target_are_refused(llama):
         SemiARDrafter(config, llama)
 
 
-def test_rows_finishing_at_eos_leave_the_drafter_cache(llama):
-    """With rows ending at different steps, the semi-AR drafter follows the shrinking batch and stays lossless."""
+@pytest.mark.parametrize("anchor_input", ["embedding", "feature"])
+def test_rows_finishing_at_eos_leave_the_drafter_cache(llama, anchor_input):
+    """With rows ending at different steps, the semi-AR drafter (and its remembered anchor context) follows the shrinking batch and stays lossless."""
     input_ids, attention_mask = left_padded_batch([7, 12, 3, 9], seed=3)
     free_run = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, do_sample=False, eos_token_id=None)
     eos = int(free_run[0, input_ids.shape[1] + 6])
     expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, do_sample=False, eos_token_id=eos, pad_token_id=0)
-    result = dspark.wrap(llama, _drafter(llama)).generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)
+    drafter = _drafter(llama, anchor_input=anchor_input)
+    result = dspark.wrap(llama, drafter).generate(input_ids, attention_mask=attention_mask, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)
     assert torch.equal(result.sequences, expected)
     assert len({record.rows.numel() for record in result.stats.records}) > 1
 
@@ -173,12 +182,19 @@ def test_vocabulary_features_follow_weight_changes(llama):
     assert torch.allclose(after, expected) and not torch.allclose(after, before)
 
 
-@pytest.mark.parametrize("sequential, backbone", [("markov", "parallel"), ("rnn", "parallel"), (None, "parallel"), (None, "autoregressive"), ("rnn", "autoregressive")])
-def test_training_outputs_equal_inference_drafts(llama, sequential, backbone):
-    """Teacher-forced training outputs at an anchor equal what propose computes there (same function)."""
-    drafter = tiny_semi_ar_drafter(llama, sequential, backbone=backbone).eval()
+@pytest.mark.parametrize(
+    "sequential, backbone, anchor_input",
+    [("markov", "parallel", "embedding"), ("rnn", "parallel", "embedding"), (None, "parallel", "embedding"), (None, "autoregressive", "embedding"),
+     ("rnn", "autoregressive", "embedding"), ("markov", "parallel", "feature")],
+)
+def test_training_outputs_equal_inference_drafts(llama, sequential, backbone, anchor_input):
+    """Teacher-forced training outputs at an anchor equal what propose computes there (same function), the
+    anchor's previous-position feature included."""
+    drafter = tiny_semi_ar_drafter(llama, sequential, backbone=backbone, anchor_input=anchor_input).eval()
     with torch.no_grad():
         drafter.transition_out.normal_(0, 0.5)
+        if drafter.anchor_fusion is not None:
+            drafter.anchor_fusion.weight.normal_(0, 0.2)
     tokens = torch.randint(3, 60, (1, 30), generator=torch.Generator().manual_seed(2))
     anchor = 17
     features, _ = target_features(llama, tokens, drafter.target_layers, torch.tensor([0]))
@@ -261,14 +277,16 @@ def test_drafts_carry_non_anticipating_signals(llama):
     assert torch.allclose(draft.signals[..., 1], torch.logit(draft.probs.amax(dim=-1), eps=1e-6))
 
 
-@pytest.mark.parametrize("sequential, backbone", [("markov", "parallel"), ("rnn", "parallel"), ("markov", "autoregressive")])
-def test_drafting_a_subset_of_rows_equals_drafting_them_all(llama, sequential, backbone):
+@pytest.mark.parametrize(
+    "sequential, backbone, anchor_input", [("markov", "parallel", "embedding"), ("rnn", "parallel", "embedding"), ("markov", "autoregressive", "embedding"), ("markov", "parallel", "feature")]
+)
+def test_drafting_a_subset_of_rows_equals_drafting_them_all(llama, sequential, backbone, anchor_input):
     """With context.draft_rows, the named rows get the draft they get when every row is drafted; the others get length 0."""
     input_ids, attention_mask = left_padded_batch([5, 9, 7])
     with torch.inference_mode():
         hidden = llama(input_ids[:, :-1], attention_mask=attention_mask[:, :-1], output_hidden_states=True).hidden_states
     features = torch.cat([hidden[1], hidden[2]], dim=-1)
-    drafter = _drafter(llama, sequential=sequential, backbone=backbone)
+    drafter = _drafter(llama, sequential=sequential, backbone=backbone, anchor_input=anchor_input)
     drafts = []
     for draft_rows in (None, torch.tensor([0, 2])):
         context = dspark.DraftContext(

@@ -14,6 +14,12 @@ from p_k = softmax(U_k + B_k) (eq. 4):
   linear map of z_k = [s_{k−1}; W1[x_{k−1}]; h_k] (eq. 6);
 * ``None``: B_k = 0, the parallel-only (DFlash-like) ablation.
 
+``anchor_input="feature"`` (drafter v2) also gives the block its anchor's context directly, as EAGLE
+does: the anchor position reads F([H_ctx(a−1); E(x_0)]) instead of E(x_0), where H_ctx(a−1) is the
+projected target feature of the position just before the anchor (the one that predicted x_0) and
+F a linear map started at their sum. With ``"embedding"`` (v1) that feature is reachable only
+through attention to the context.
+
 ``backbone="autoregressive"`` is the EAGLE/MTP-like ablation: the same layers read
 [E(x_0), E(x_1), …, E(x_{k−1})] causally and are run again for every drafted position.
 
@@ -47,6 +53,7 @@ __all__ = ["SEMI_AR_SIGNALS", "SemiARConfig", "SemiARDrafter", "TargetSignature"
 
 SEQUENTIAL_HEADS = ("markov", "rnn", None)
 BACKBONES = ("parallel", "autoregressive")
+ANCHOR_INPUTS = ("embedding", "feature")
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 #: The columns of ``Draft.signals`` a SemiARDrafter fills: the confidence head's and the draft
@@ -99,10 +106,17 @@ class SemiARConfig:
     # The verify rule ``wrap`` uses when given no policy, chosen by measurement on calibration prompts:
     # a threshold on the confidence head's survival when set, else every drafted token.
     verify_threshold: float | None = attrs.field(default=None, validator=unit_interval(optional=True))
+    # What the anchor position reads: its token's embedding (v1), or that fused with the projected
+    # target feature of the position before it (v2; see the module docstring).
+    anchor_input: str = "embedding"
 
     def __attrs_post_init__(self):
+        if self.anchor_input not in ANCHOR_INPUTS:
+            raise ValueError(f"anchor_input must be one of {ANCHOR_INPUTS}, got {self.anchor_input!r}")
         if self.backbone not in BACKBONES:
             raise ValueError(f"backbone must be one of {BACKBONES}, got {self.backbone!r}")
+        if self.anchor_input == "feature" and self.backbone != "parallel":
+            raise ValueError(f"anchor_input 'feature' needs the parallel backbone, got backbone={self.backbone!r}")
         if self.sequential not in SEQUENTIAL_HEADS:
             raise ValueError(f"sequential must be one of {SEQUENTIAL_HEADS}, got {self.sequential!r}")
         if not self.target_layers:
@@ -235,6 +249,14 @@ class _DraftLayer(nn.Module):
         return block + self.down(nn.functional.silu(self.gate(normed)) * self.up(normed))
 
 
+def _anchor_fusion(size: int) -> nn.Linear:
+    """F of ``anchor_input="feature"``: a linear map of [H_ctx(a−1); E(x_0)] started at their sum."""
+    fusion = nn.Linear(2 * size, size, bias=False)
+    with torch.no_grad():
+        fusion.weight.copy_(torch.cat([torch.eye(size), torch.eye(size)], dim=1))
+    return fusion
+
+
 def _rederive_draft_head(drafter: "SemiARDrafter", incompatible_keys) -> None:
     """load_state_dict post-hook: the reduced head must follow the draft vocabulary just loaded."""
     drafter.draft_head = drafter._reduced_head()
@@ -274,6 +296,7 @@ class SemiARDrafter(nn.Module):
         self.context_projection = nn.Linear(len(config.target_layers) * size, size, bias=False)
         self.context_norm = _RMSNorm(size, config.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(size))
+        self.anchor_fusion = _anchor_fusion(size) if config.anchor_input == "feature" else None
         self.layers = nn.ModuleList(_DraftLayer(config) for _ in range(config.num_layers))
         self.final_norm = _RMSNorm(size, config.rms_norm_eps)
         # W1[x] = E(x)·A, tied to the frozen embedding; W2 maps rank r to draft-vocabulary logits.
@@ -282,6 +305,8 @@ class SemiARDrafter(nn.Module):
         self.recurrent = nn.Linear(2 * rank + size, 3 * rank) if config.sequential == "rnn" else None
         self.confidence_head = nn.Linear(size + rank, 1)
         self._context: RaggedCache | None = None
+        # H_ctx of each row's last committed position [R, d], which the anchor reads when anchor_input is "feature".
+        self._last_context: torch.Tensor | None = None
         # Committed target features not yet read into the context cache: read when the next draft needs them.
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._vocab_features: tuple[tuple, torch.Tensor] | None = None
@@ -309,6 +334,14 @@ class SemiARDrafter(nn.Module):
         with torch.no_grad():
             return self.shared.embedding(tokens).to(self.mask_embedding.dtype)
 
+    def anchor_input(self, anchors: torch.Tensor, previous_context: torch.Tensor | None) -> torch.Tensor:
+        """The anchor position's input [..., d]: E(x_0), or F([H_ctx(a−1); E(x_0)]) with
+        ``previous_context`` [..., d] when the config's ``anchor_input`` is "feature"."""
+        embedding = self._embed(anchors)
+        if self.anchor_fusion is None:
+            return embedding
+        return self.anchor_fusion(torch.cat([previous_context.to(embedding.dtype), embedding], dim=-1))
+
     def _rotation(self, positions: torch.Tensor) -> Rotation:
         return Rotation.at(positions, self.config.hidden_size // self.config.num_heads, self.config.rope_theta)
 
@@ -326,12 +359,22 @@ class SemiARDrafter(nn.Module):
         width = last_live_column(feature_mask)
         features, feature_mask = features[:, :width], feature_mask[:, :width]
         context = self.project_context(features)
+        if self.anchor_fusion is not None:
+            self._remember_last_context(context, feature_mask)
         offsets = (feature_mask.long().cumsum(dim=1) - 1).clamp_min(0)
         rotation = self._rotation(self._context.lengths[:, None] + offsets)
         for index, layer in enumerate(self.layers):
             keys, values = layer.context_keys_values(context, rotation)
             self._context.cache.update(keys, values, index)
         self._context.commit(feature_mask)
+
+    def _remember_last_context(self, context: torch.Tensor, feature_mask: torch.Tensor) -> None:
+        """Keep H_ctx of each row's last committed column of ``context`` [R, T, d] (rows committing nothing keep theirs)."""
+        columns = torch.arange(1, feature_mask.shape[1] + 1, device=feature_mask.device)
+        last = (feature_mask.long() * columns).argmax(dim=1)
+        latest = context[torch.arange(context.shape[0], device=context.device), last]
+        committed = feature_mask.any(dim=1, keepdim=True)
+        self._last_context = latest if self._last_context is None else torch.where(committed, latest, self._last_context)
 
     def backbone(self, block: torch.Tensor, causal: bool, selected: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [R, W, d] of the block embeddings [R, W, d] placed right after the context of the
@@ -405,7 +448,10 @@ class SemiARDrafter(nn.Module):
         block_positions = (anchors[:, :, None] + offsets).reshape(batch, anchors_per_row * width)
         previous = tokens.gather(1, block_positions)
         if self.config.backbone == "parallel":
-            anchor_embeddings = self._embed(tokens.gather(1, anchors))
+            # H_ctx(a − 1); an anchor at position 0 has no earlier position and reads zeros (never its own feature).
+            previous_context = context.gather(1, (anchors - 1).clamp_min(0)[..., None].expand(-1, -1, context.shape[-1]))
+            previous_context = previous_context * (anchors >= 1)[..., None]
+            anchor_embeddings = self.anchor_input(tokens.gather(1, anchors), previous_context)
             block = torch.cat([anchor_embeddings[:, :, None], self.mask_embedding.expand(batch, anchors_per_row, width - 1, -1)], dim=2)
             block = block.reshape(batch, anchors_per_row * width, -1)
         else:  # teacher forcing: position k reads the true x_{a+k−1}
@@ -462,6 +508,7 @@ class SemiARDrafter(nn.Module):
     def start(self, start: GenerationStart) -> None:
         """A new generation: an empty context cache for its rows."""
         self._context = RaggedCache(start.rows, start.device, hole_budget=self.config.max_draft_tokens + 1)
+        self._last_context = None
         self._pending = []
 
     @torch.inference_mode()
@@ -500,7 +547,10 @@ class SemiARDrafter(nn.Module):
         rows, device = anchors.shape[0], anchors.device
         parallel = self.config.backbone == "parallel"
         if parallel:
-            anchor = self._embed(anchors[:, None])
+            previous_context = None
+            if self.anchor_fusion is not None:
+                previous_context = self._last_context if selected is None else self._last_context[selected]
+            anchor = self.anchor_input(anchors, previous_context)[:, None]
             block = torch.cat([anchor, self.mask_embedding.expand(rows, self.config.max_draft_tokens - 1, -1)], dim=1)
             hidden = self.backbone(block, causal=False, selected=selected)
             base_logits = self._base_logits(hidden)
@@ -542,6 +592,8 @@ class SemiARDrafter(nn.Module):
         committed positions (the next proposal's features say which)."""
         if self._context is not None:
             self._context.drop_finished(outcome.finished)
+        if self._last_context is not None and bool(outcome.finished.any()):
+            self._last_context = self._last_context[~outcome.finished]
         if self._pending and bool(outcome.finished.any()):
             still = ~outcome.finished
             self._pending = [(features[still], mask[still]) for features, mask in self._pending]
