@@ -81,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--max-draft-tokens", "--block-size", dest="max_draft_tokens", type=int, default=7, help="γ, the block width the drafter is trained for (--block-size: deprecated spelling)")
     train.add_argument("--sequential", default="markov", choices=["markov", "rnn", "none"])
     train.add_argument("--backbone", default="parallel", choices=["parallel", "autoregressive"], help="autoregressive: the EAGLE/MTP-like ablation")
+    train.add_argument("--precision", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast dtype of the drafter's forward while training (weights stay float32); bfloat16 is 2-3.5x faster on CPUs with AVX512-BF16")
     train.add_argument("--anchor-input", default="embedding", choices=["embedding", "feature"], help="feature: the anchor also reads the target feature of the position before it (drafter v2, EAGLE-style)")
     train.add_argument("--layers", type=int, default=2)
     train.add_argument("--intermediate-size", type=int, default=1024)
@@ -176,6 +177,7 @@ def _train(args, parser: argparse.ArgumentParser) -> None:
         train_config = training.TrainConfig(
             steps=args.steps, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, sequences_per_step=args.sequences_per_step,
             anchors_per_sequence=args.anchors_per_sequence, weight_decay=args.weight_decay, loss_weights=args.loss_weights, seed=args.seed,
+            precision=args.precision,
         )
         # The data folder last: a wrong setting is named even where no data folder is found.
         data_dir = Path(args.data_dir) if args.data_dir else training.default_data_dir()

@@ -26,3 +26,13 @@ def test_loss_counts_mass_outside_the_draft_vocabulary():
     _, terms = distillation_loss(draft_logits, torch.tensor([[0.5]]), torch.tensor([[[0, 1, 2]]]), target_probs, torch.tensor([[2]]), torch.tensor([0, 1]))
     assert terms["tv"] == pytest.approx(0.4, abs=1e-5)  # |.625−.5| + |.375−.3| + .2
     assert terms["ce"] == 0.0  # x* = 2 is outside the draft vocabulary
+
+
+def test_summary_reports_first_position_acceptance_and_expected_tau():
+    """acceptance_first is c*_1 and expected_tau is 1 + Σ_k Π_{j≤k} c*_j, by hand on a two-position block."""
+    target_probs = torch.tensor([[[0.5, 0.5], [1.0, 0.0]]])
+    draft_logits = torch.log(torch.tensor([[[0.9, 0.1], [0.6, 0.4]]]))  # c* = 1 − ½·0.8 = 0.6, then 1 − ½·0.8 = 0.6
+    ids = torch.tensor([[[0, 1], [0, 1]]])
+    _, terms = distillation_loss(draft_logits, torch.tensor([[0.5, 0.5]]), ids, target_probs, torch.tensor([[0, 0]]), torch.tensor([0, 1]))
+    assert terms["acceptance_first"] == pytest.approx(0.6, abs=1e-6)
+    assert terms["expected_tau"] == pytest.approx(1 + 0.6 + 0.36, abs=1e-6)

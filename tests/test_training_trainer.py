@@ -21,11 +21,15 @@ def test_sample_anchors_leave_room_for_a_block():
     assert sample_anchors(prompt_length=5, length=8, max_draft_tokens=4, count=3, generator=torch.Generator()) is None
 
 
-def test_short_training_run_lowers_the_loss(tmp_path):
-    """Distilling a tiny drafter from a tiny target lowers the loss and raises predicted acceptance."""
+@pytest.mark.parametrize("anchor_input, precision", [("embedding", "float32"), ("feature", "float32"), ("embedding", "bfloat16")])
+def test_short_training_run_lowers_the_loss(tmp_path, anchor_input, precision):
+    """Distilling a tiny drafter from a tiny target lowers the loss and raises predicted acceptance, for
+    either anchor input and with the forward autocast to bfloat16."""
     target = build_model("llama")
-    drafter = tiny_semi_ar_drafter(target)
-    history = train(drafter, build_target_store(target, regenerated_records(target), drafter.target_layers), TrainConfig(steps=60, learning_rate=1e-2, warmup_steps=5, sequences_per_step=2, anchors_per_sequence=8), log=lambda line: None)
+    drafter = tiny_semi_ar_drafter(target, anchor_input=anchor_input)
+    config = TrainConfig(steps=60, learning_rate=1e-2, warmup_steps=5, sequences_per_step=2, anchors_per_sequence=8, precision=precision)
+    history = train(drafter, build_target_store(target, regenerated_records(target), drafter.target_layers), config, log=lambda line: None)
+    assert all(parameter.dtype == torch.float32 for parameter in drafter.parameters())
     first = sum(entry["loss"] for entry in history[:5]) / 5
     last = sum(entry["loss"] for entry in history[-5:]) / 5
     assert last < 0.9 * first
@@ -65,6 +69,12 @@ def test_training_resumes_from_its_checkpoint(tmp_path):
     moments = load_file(str(tmp_path / "run" / "optimizer.safetensors"))
     trainable = [name for name, parameter in resumed.named_parameters() if parameter.requires_grad]
     assert all(f"{name}.exp_avg" in moments for name in trainable)
+
+
+def test_train_config_refuses_an_unknown_precision():
+    """TrainConfig.precision names one of the autocast dtypes."""
+    with pytest.raises(ValueError, match="precision"):
+        TrainConfig(precision="int8")
 
 
 def test_train_config_refuses_bad_loss_weights():

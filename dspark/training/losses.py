@@ -57,4 +57,8 @@ def distillation_loss(
     loss = weights[0] * terms["ce"] + weights[1] * terms["tv"] + weights[2] * terms["conf"]
     summary = {name: float(value.detach()) for name, value in terms.items()}
     summary["acceptance"] = float(acceptance.mean())
+    # The first position's acceptance, and 1 + Σ_k Π_{j≤k} c*_j: the expected tokens per verify step with
+    # every position verified, were acceptances independent along the block (teacher-forced, so optimistic).
+    summary["acceptance_first"] = float(acceptance[..., 0].mean())
+    summary["expected_tau"] = float(1.0 + acceptance.cumprod(dim=-1).sum(dim=-1).mean())
     return loss, summary

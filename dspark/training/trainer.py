@@ -37,6 +37,9 @@ def sample_anchors(prompt_length: int, length: int, max_draft_tokens: int, count
     return candidates[chosen].sort().values
 
 
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def _loss_weights(instance, attribute, value) -> None:
     if len(value) != 3 or not all(isinstance(weight, (int, float)) and weight >= 0 for weight in value):
         raise ValueError(f"loss_weights must be three non-negative numbers (α_ce, α_tv, α_conf), got {value!r}")
@@ -58,6 +61,9 @@ class TrainConfig:
     validate_every: int = 200
     log_every_seconds: float = 60.0
     seed: int = 0
+    # The drafter's forward under autocast in this dtype (weights, optimiser and loss stay float32):
+    # bfloat16 runs its products 2-3.5x faster on CPUs with AVX512-BF16 or AMX and on GPUs.
+    precision: str = attrs.field(default="float32", validator=attrs.validators.in_(tuple(PRECISIONS)))
 
 
 def _sequences_forever(items: list, seed: int) -> Iterator:
@@ -109,14 +115,17 @@ def _load_checkpoint(drafter: SemiARDrafter, optimizer: torch.optim.Optimizer, d
     return json.loads((directory / "trainer_state.json").read_text())["step"]
 
 
-def _sequence_loss(drafter: SemiARDrafter, sequence: TargetSequence, anchors: torch.Tensor, weights) -> tuple[torch.Tensor, dict]:
-    """The distillation loss of the anchor blocks ``anchors`` of one stored sequence, and its terms."""
+def _sequence_loss(drafter: SemiARDrafter, sequence: TargetSequence, anchors: torch.Tensor, weights, precision: str = "float32") -> tuple[torch.Tensor, dict]:
+    """The distillation loss of the anchor blocks ``anchors`` of one stored sequence, and its terms;
+    the drafter's forward runs under autocast to ``precision`` (a key of PRECISIONS)."""
     device, dtype, width = drafter.draft_vocab.device, drafter.mask_embedding.dtype, drafter.config.max_draft_tokens
     # Block position k of anchor a predicts the token after a + k: label row a + k − (P − 1).
     block = anchors[:, None] + torch.arange(width)
     rows = block - (sequence.prompt_length - 1)
     tokens = sequence.tokens.to(device)
-    logits, confidence = drafter.training_outputs(sequence.features[None].to(device, dtype), tokens[None], anchors[None].to(device))
+    autocast = PRECISIONS[precision]
+    with torch.autocast(device_type=device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        logits, confidence = drafter.training_outputs(sequence.features[None].to(device, dtype), tokens[None], anchors[None].to(device))
     return distillation_loss(
         logits[0], confidence[0], sequence.top_ids[rows].to(device), sequence.top_probs[rows].to(device),
         tokens[block.to(device) + 1], drafter.draft_vocab, weights=weights,
@@ -135,7 +144,7 @@ def validate(drafter: SemiARDrafter, sequences: list[TargetSequence], config: Tr
         anchors = sample_anchors(sequence.prompt_length, sequence.tokens.numel(), drafter.config.max_draft_tokens, config.anchors_per_sequence, generator)
         if anchors is None:
             continue
-        loss, terms = _sequence_loss(drafter, sequence, anchors, config.loss_weights)
+        loss, terms = _sequence_loss(drafter, sequence, anchors, config.loss_weights, config.precision)
         totals.update(terms | {"loss": float(loss)})
         count += 1
     drafter.train(was_training)
@@ -189,7 +198,7 @@ def train(
             if anchors is None:
                 continue
             used += 1
-            loss, terms = _sequence_loss(drafter, sequence, anchors, config.loss_weights)
+            loss, terms = _sequence_loss(drafter, sequence, anchors, config.loss_weights, config.precision)
             (loss / config.sequences_per_step).backward()
             step_terms.append(terms | {"loss": float(loss.detach())})
         torch.nn.utils.clip_grad_norm_(trainable, config.gradient_clip)
