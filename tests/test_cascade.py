@@ -88,6 +88,7 @@ def test_the_confidence_rule_keeps_the_part_with_the_higher_first_survival(llama
         draft = cascade.propose(_context(llama, input_ids, attention_mask), 4)
         from_lookup = torch.isclose(draft.confidence[:, 0], torch.tensor(value))
         assert from_lookup.tolist() == ([True, False, True, False] if value > 0.5 else [False] * 4)
+        assert cascade.sources.tolist() == ([0, 1, 0, 1] if value > 0.5 else [1] * 4)
         if value > 0.5:
             assert draft.tokens[0, :3].tolist() == [11, 12, 13] and draft.probs[0, 0, 11] == 1.0
 

@@ -72,6 +72,20 @@ def test_best_drafted_rows(costs, expected):
     assert chosen.tolist() == expected
 
 
+def test_rows_that_gain_nothing_are_not_costed():
+    """best_drafted_rows asks the cost model only about drafting the rows that gain something."""
+    costs, asked = Costs(draft_base=0.01, draft_row=0.01), []
+
+    def draft_time(count):
+        asked.append(count)
+        return costs.draft_time(count)
+
+    gains = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.5, 0.0], dtype=torch.float64)
+    chosen = best_drafted_rows(gains, torch.ones(6, dtype=torch.long), 6.0, 6, costs.step_time, draft_time)
+    assert sorted(asked) == [1, 2] and chosen.tolist() == [False, True, False, False, True, False]
+    assert not best_drafted_rows(torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.long), 3.0, 3, costs.step_time, draft_time).any()
+
+
 @given(fallback_problems())
 @settings(max_examples=60, deadline=None)
 def test_the_choice_is_a_prefix_by_gain_and_beats_both_extremes(problem):

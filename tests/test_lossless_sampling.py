@@ -356,8 +356,8 @@ def test_a_cascade_of_lookup_and_the_semi_ar_drafter_is_lossless(models, rule):
     observe = cascade.observe
 
     def recording_observe(outcome):
-        if cascade._sources is not None:  # None on a last step that drafted nothing
-            sources.append(cascade._sources.clone())
+        if cascade.sources is not None:  # None on a last step that drafted nothing
+            sources.append(cascade.sources.clone())
         observe(outcome)
 
     cascade.observe = recording_observe

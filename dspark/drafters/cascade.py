@@ -68,6 +68,12 @@ class CascadeDrafter:
         self.max_draft_tokens = max(hook(part, "max_draft_tokens", DRAFTER_HOOKS) or 1 for part, _ in parts)
         self._sources: torch.Tensor | None = None
 
+    @property
+    def sources(self) -> torch.Tensor | None:
+        """Which part's draft each row of the last proposal carries (an index into ``parts``; −1: no
+        part's), until ``observe`` has forwarded that step's outcome; None outside that window."""
+        return self._sources
+
     def __repr__(self) -> str:
         names = ", ".join(type(part).__name__ for part, _ in self.parts)
         return f"CascadeDrafter([{names}], rule={self.rule!r})"

@@ -87,10 +87,15 @@ def best_drafted_rows(
     gains: torch.Tensor, widths: torch.Tensor, base: float, rows: int,
     step_time: Callable[[int, int], float], draft_time: Callable[[int], float],
 ) -> torch.Tensor:
-    """BoolTensor[n]: the candidates in the first maximum of ``drafting_goodput`` (fewest rows on a tie)."""
-    order, theta = drafting_goodput(gains, widths, base, rows, step_time, draft_time)
+    """BoolTensor[n]: the candidates in the first maximum of ``drafting_goodput`` (fewest rows on a tie).
+    Rows expected to gain nothing are never drafted for, so only the others are costed."""
+    _check_rows_problem(gains, widths, rows)
+    paying = (gains > 0).nonzero().squeeze(1)
     chosen = torch.zeros(gains.numel(), dtype=torch.bool)
-    chosen[order[: int(theta.argmax())]] = True
+    if paying.numel() == 0:
+        return chosen
+    order, theta = drafting_goodput(gains[paying], widths[paying], base, rows, step_time, draft_time)
+    chosen[paying[order[: int(theta.argmax())]]] = True
     return chosen
 
 
