@@ -40,3 +40,11 @@ def test_frequent_tokens_are_the_most_common_response_tokens():
     assert frequent_tokens(records, 2, 10).tolist() == [5, 7]
     with pytest.raises(ValueError, match="size"):
         frequent_tokens(records, 0, 10)
+
+
+def test_frequent_tokens_rank_ties_by_the_second_records():
+    """Tokens the first records leave tied (here 1 and 2 once each, and the unseen) are ranked by the second records."""
+    records = [{"response_ids": [5, 5, 1, 2]}]
+    then = [{"response_ids": [2, 2, 8, 8, 8, 1, 5]}]
+    assert frequent_tokens(records, 2, 10, then=then).tolist() == [2, 5]
+    assert frequent_tokens(records, 4, 10, then=then).tolist() == [1, 2, 5, 8]

@@ -108,11 +108,12 @@ def training_pools(records: list[dict], store: list[TargetSequence], data: DataC
 
 
 def _draft_vocab(records: list[dict], config: SemiARConfig, data: DataConfig) -> torch.Tensor:
-    """The target's most frequent own tokens in the training records; dataset answers count only when
-    nothing was regenerated (modes = ('reference',))."""
+    """The target's most frequent own tokens in the training records; dataset answers rank the tokens the
+    own answers leave tied (those they never use, when there are few of them)."""
     training = [record for record in records if not held_out_for_validation(record["id"], data.validation_share)]
-    own = [record for record in training if record["mode"] != "reference"] or training
-    return frequent_tokens(own, config.vocab_size, config.target.vocab_size)
+    own = [record for record in training if record["mode"] != "reference"]
+    dataset = [record for record in training if record["mode"] == "reference"]
+    return frequent_tokens(own, config.vocab_size, config.target.vocab_size, then=dataset)
 
 
 def distill_drafter(

@@ -114,15 +114,22 @@ def read_sequences(path: str | Path) -> list[dict]:
     return records
 
 
-def frequent_tokens(records: list[dict], size: int, vocab_size: int) -> torch.Tensor:
-    """The ``size`` token ids most frequent in the regenerated responses (ties: lower id first), sorted.
+def frequent_tokens(records: list[dict], size: int, vocab_size: int, then: list[dict] | None = None) -> torch.Tensor:
+    """The ``size`` token ids most frequent in the responses of ``records``, sorted; tokens equally
+    frequent there (such as those never seen) are ranked by their frequency in ``then``'s responses,
+    then by lower id.
 
     This is the reduced draft vocabulary (FR-Spec style): the drafter proposes only these tokens.
     """
     if not 1 <= size <= vocab_size:
         raise ValueError(f"size must be in [1, {vocab_size}], got {size!r}")
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for record in records:
-        counts += torch.bincount(torch.tensor(record["response_ids"], dtype=torch.long), minlength=vocab_size)
-    order = torch.argsort(-counts, stable=True)
+
+    def counts_in(group: list[dict]) -> torch.Tensor:
+        counts = torch.zeros(vocab_size, dtype=torch.long)
+        for record in group:
+            counts += torch.bincount(torch.tensor(record["response_ids"], dtype=torch.long), minlength=vocab_size)
+        return counts
+
+    secondary = counts_in(then or [])
+    order = torch.argsort(-(counts_in(records) * (int(secondary.max()) + 1) + secondary), stable=True)
     return order[:size].sort().values
