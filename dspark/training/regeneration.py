@@ -44,6 +44,7 @@ def regenerate(
     output.parent.mkdir(parents=True, exist_ok=True)
     done = {(record["id"], record["mode"]) for record in read_sequences(output)} if output.exists() else set()
     tokenizer.padding_side = "left"
+    device = target.get_input_embeddings().weight.device  # prompts are encoded on the CPU, answered there
     for mode in modes:
         if mode not in MODES:
             raise ValueError(f"modes must be among {MODES}, got {mode!r}")
@@ -67,8 +68,9 @@ def regenerate(
             encoded = tokenizer([texts[p.id] for p in batch], return_tensors="pt", padding=True, add_special_tokens=False)
             torch.manual_seed(seed + start)
             sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if mode == "sample" else {"do_sample": False}
+            on_device = {key: value.to(device) for key, value in encoded.items()}
             with torch.inference_mode():
-                sequences = target.generate(**encoded, max_new_tokens=max_new_tokens, **sampling)
+                sequences = target.generate(**on_device, max_new_tokens=max_new_tokens, **sampling).cpu()
             with output.open("a") as handle:
                 for row, prompt in enumerate(batch):
                     prompt_ids = encoded["input_ids"][row][encoded["attention_mask"][row].bool()].tolist()
