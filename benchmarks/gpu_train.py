@@ -10,7 +10,7 @@ Within ``--budget-seconds`` (counted from the start of ``main``, model loading i
    chunk starts that the previous chunk's duration says would end after the regeneration deadline,
    and a rerun with the same work folder resumes where the last one stopped.
 2. **Store.** ``build_target_store`` with ``--store-batch-size`` sequences per forward keeps the
-   hidden states of layers 1, 15, 29 (fp16) and the top-32 next-token distributions, moved onto the
+   hidden states of layers 1, 15, 30 (fp16; 30 is the top, final-normed state) and the top-32 next-token distributions, moved onto the
    device as they are computed, until the store deadline or ``--max-store-gib`` of features.
 3. **Train.** A ``SemiARDrafter`` (``anchor_input="feature"``, γ 7, 2 layers, MLP ``--intermediate-size``,
    8,192 draft tokens) trains with bfloat16 autocast: a probe of ``--probe-steps`` steps (inside the
@@ -257,9 +257,11 @@ def load_model(model_path: Path | None, dtype: torch.dtype, device: torch.device
 
 
 def drafter_config(target, args) -> SemiARConfig:
-    """The drafter's shape: the target's signature and three of its layers, ``anchor_input="feature"``."""
+    """The drafter's shape: the target's signature, its first, middle and top (final-normed) hidden
+    states, as in the recipe chosen on the CPU (docs/training.rst), and ``anchor_input="feature"``."""
+    layers = target.config.get_text_config(decoder=True).num_hidden_layers
     return SemiARConfig.for_target(
-        target, anchor_input="feature", max_draft_tokens=args.max_draft_tokens, intermediate_size=args.intermediate_size,
+        target, target_layers=(1, layers // 2, layers), anchor_input="feature", max_draft_tokens=args.max_draft_tokens, intermediate_size=args.intermediate_size,
         draft_vocab_size=args.draft_vocab_size,
     )
 
