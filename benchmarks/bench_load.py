@@ -11,6 +11,9 @@ logistic model of its signals), greedy and/or at temperature 1:
 * aggregate tokens/s (all rows' new tokens over the batch's wall time), per-user tokens/s (one
   row's tokens over that time, averaged over rows), τ, the mean verify length per row and step, each policy's speed
   over plain decoding and over the best static policy (plain, MTP-1, fixed γ, threshold) at that c;
+* the same ratios for decoding alone (``decode_*``: the steps' own times from the step records, so
+  the prompt's processing, which dominates short runs at large c, is left out); with ``--repeats N``
+  every time is the median of N timed runs;
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
   length against c (Figure 8).
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,6 +47,7 @@ from dspark.verify import CalibrationFile, Threshold, calibrated_estimator
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STATIC = ("plain", "mtp1", "fixed_gamma", "threshold")
+DRAFTERS = ("shipped", "prompt_lookup")
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
 
@@ -51,14 +56,19 @@ def _parse_args(argv):
     parser.add_argument("--concurrency", default="1,2,4,8,16,32")
     parser.add_argument("--modes", default="greedy,temperature_1")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per setting; the median is reported")
+    parser.add_argument("--drafters", default="shipped,prompt_lookup", help="among shipped, prompt_lookup")
     parser.add_argument("--lookup-calibration", default=str(RESULTS / "calibration_prompt_lookup"))
     parser.add_argument("--data-dir", default=None, help="the prompt-data folder holding eval/ (default: dspark.training.default_data_dir())")
     parser.add_argument("--output", type=Path, default=RESULTS / "bench_load.json")
     args = parser.parse_args(argv)
     args.concurrency = [int(value) for value in args.concurrency.split(",")]
     args.modes = [mode for mode in args.modes.split(",") if mode]
+    args.drafters = [name for name in args.drafters.split(",") if name]
     if any(mode not in MODES for mode in args.modes) or min(args.concurrency) < 1:
         parser.error(f"--modes must be among {sorted(MODES)} and --concurrency ints >= 1, got {args.modes} and {args.concurrency}")
+    if args.repeats < 1 or not args.drafters or any(name not in DRAFTERS for name in args.drafters):
+        parser.error(f"--repeats must be >= 1 and --drafters among {DRAFTERS}, got {args.repeats} and {args.drafters}")
     return args
 
 
@@ -75,12 +85,18 @@ def _policies(target, drafter, confidence, gamma) -> dict:
     }
 
 
-def _run(target, strategy, batch, sampling, max_new_tokens) -> tuple[dict, list]:
+def _run(target, strategy, batch, sampling, max_new_tokens, repeats: int = 1) -> tuple[dict, list]:
+    """``repeats`` timed generations of ``batch``: the median wall time (prompt processing included) and
+    the median decoding time (the steps alone, from the step records), with τ and the verify length."""
     model = dspark.SpeculativeModel(target, strategy)
-    generator = torch.Generator().manual_seed(0)
-    started = time.perf_counter()
-    result = model.generate(**batch, max_new_tokens=max_new_tokens, generator=generator, **sampling)
-    seconds = time.perf_counter() - started
+    walls, decodes = [], []
+    for _ in range(repeats):
+        generator = torch.Generator().manual_seed(0)
+        started = time.perf_counter()
+        result = model.generate(**batch, max_new_tokens=max_new_tokens, generator=generator, **sampling)
+        walls.append(time.perf_counter() - started)
+        decodes.append(sum(record.draft_seconds + record.verify_seconds for record in result.stats.records))
+    seconds, decode_seconds = statistics.median(walls), statistics.median(decodes)
     rows = batch["input_ids"].shape[0]
     row_steps = sum(record.rows.numel() for record in result.stats.records)
     verified = sum(int(record.verify_lengths.sum()) for record in result.stats.records)
@@ -88,9 +104,12 @@ def _run(target, strategy, batch, sampling, max_new_tokens) -> tuple[dict, list]
     entry = {
         "aggregate_tokens_per_s": result.stats.new_tokens / seconds,
         "per_user_tokens_per_s": result.stats.new_tokens / rows / seconds,
+        "decode_tokens_per_s": result.stats.new_tokens / decode_seconds,
         "tau": result.stats.tau,
         "mean_verify_length": verified / max(row_steps, 1),
         "seconds": seconds,
+        "decode_seconds": decode_seconds,
+        "repeats": repeats,
     }
     return entry, tokens
 
@@ -134,6 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
         "shipped": (bundle.drafter, calibrated_estimator(bundle.drafter.calibration), bundle.drafter.max_draft_tokens),
         "prompt_lookup": (PromptLookupDrafter(), lookup_confidence, PromptLookupDrafter().max_draft_tokens),
     }
+    drafters = {name: drafters[name] for name in args.drafters}
     report = {"command": shlex.join([sys.executable, *sys.argv]), "settings": {**vars(args), "output": str(args.output)}, "results": {}, "mismatches": []}
     runs = len(drafters) * len(args.modes) * len(args.concurrency) * 6
     with tqdm(total=runs, desc="load runs", unit="run", mininterval=30) as bar:
@@ -146,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
                     for name, strategy in policies.items():
                         # Untimed first: a new batch shape pays one-off set-up (allocations, kernel choices).
                         _run(target, strategy, batch, MODES[mode], 4)
-                        entries[name], tokens = _run(target, strategy, batch, MODES[mode], args.max_new_tokens)
+                        entries[name], tokens = _run(target, strategy, batch, MODES[mode], args.max_new_tokens, args.repeats)
                         if mode == "greedy":
                             reference = tokens if reference is None else reference
                             if tokens != reference:
@@ -154,11 +174,15 @@ def main(argv: list[str] | None = None) -> dict:
                         bar.update(1)
                     plain = entries["plain"]["aggregate_tokens_per_s"]
                     best_static = max(entries[name]["aggregate_tokens_per_s"] for name in STATIC)
+                    plain_decode = entries["plain"]["decode_tokens_per_s"]
+                    best_static_decode = max(entries[name]["decode_tokens_per_s"] for name in STATIC)
                     for entry in entries.values():
                         entry["vs_plain"] = entry["aggregate_tokens_per_s"] / plain
                         entry["vs_best_static"] = entry["aggregate_tokens_per_s"] / best_static
+                        entry["decode_vs_plain"] = entry["decode_tokens_per_s"] / plain_decode
+                        entry["decode_vs_best_static"] = entry["decode_tokens_per_s"] / best_static_decode
                     report["results"].setdefault(drafter_name, {}).setdefault(mode, {})[str(c)] = entries
-                    tqdm.write(f"{drafter_name} {mode} c={c}: " + ", ".join(f"{name} {e['vs_plain']:.2f}x (l {e['mean_verify_length']:.2f})" for name, e in entries.items()))
+                    tqdm.write(f"{drafter_name} {mode} c={c}: " + ", ".join(f"{name} {e['vs_plain']:.2f}x, decoding {e['decode_vs_plain']:.2f}x (l {e['mean_verify_length']:.2f})" for name, e in entries.items()))
     write_json(args.output, report)
     _plot(report, args.output)
     print(f"wrote {args.output}; greedy mismatches: {len(report['mismatches'])}")
