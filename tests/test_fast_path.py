@@ -5,6 +5,8 @@ import inspect
 import json
 import logging
 import os
+import threading
+import weakref
 
 import pytest
 import torch
@@ -163,6 +165,46 @@ def test_llama_forward_inside_active_agrees_and_leaves_the_model_alone(tmp_path)
     assert _same(before, _snapshot(model))
 
 
+def test_f_linear_is_routed_only_inside_the_block():
+    """torch.nn.functional.linear is the router inside active() only, also for nested blocks and on error."""
+    kernel = F.linear
+    path, other = FastPath(), FastPath()
+    with path.active():
+        assert F.linear is not kernel
+        with other.active():
+            assert F.linear is not kernel
+        assert F.linear is not kernel
+    assert F.linear is kernel
+    with pytest.raises(KeyError), path.active():
+        raise KeyError("inside")
+    assert F.linear is kernel
+
+
+def test_the_innermost_block_routes():
+    """In nested blocks of two fast paths, a linear goes to the inner one, and after it closes to the outer."""
+    layer = torch.nn.Linear(12, 20)
+    outer, inner = FastPath(), FastPath()
+    with outer.active():
+        with inner.active():
+            layer(torch.randn(2, 12))
+        assert outer.choices() == [] and len(inner.choices()) == 1
+        layer(torch.randn(5, 12))
+    assert [choice.rows for choice in outer.choices()] == [5]
+
+
+def test_another_threads_linears_are_not_routed():
+    """While one thread is inside active(), a linear in another thread runs the kernel: nothing is measured for it."""
+    layer = torch.nn.Linear(12, 20)
+    x = torch.randn(3, 12)
+    path = FastPath()
+    results = []
+    with path.active():
+        worker = threading.Thread(target=lambda: results.append(layer(x)))
+        worker.start()
+        worker.join()
+    assert path.choices() == [] and torch.equal(results[0], F.linear(x, layer.weight, layer.bias))
+
+
 def test_native_gqa_variable_is_set_only_inside_the_block():
     """TRANSFORMERS_SDPA_FORCE_GQA is 1 inside active() only, also for nested blocks and on error; without native_gqa it is never set."""
     path, other = FastPath(native_gqa=True), FastPath(native_gqa=True)
@@ -284,17 +326,29 @@ def test_a_weight_keeps_one_copy_across_row_counts(monkeypatch):
 
 
 def test_a_copy_goes_with_its_weight(monkeypatch):
-    """Once a reserved weight is garbage collected its copy and its reservation are gone."""
+    """Once a reserved weight is garbage collected its copy and its reservation are gone, and the copy is freed."""
     monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    made = []
+    make_copy = fast_path._make_copy
+
+    def remembered(formulation, weight):
+        copy = make_copy(formulation, weight)
+        made.append(weakref.ref(copy))
+        return copy
+
     layer = torch.nn.Linear(16, 8)
     path = FastPath(copy_budget=10**9)
     path.reserve([layer.weight])
+    path.tune([layer.weight], rows=(2,), progress=False)  # measuring makes copies of its own
+    monkeypatch.setattr(fast_path, "_make_copy", remembered)
     with path.active():
         layer(torch.randn(2, 16))
-    assert path.copy_bytes > 0 and path.reserved_bytes > 0
+        layer(torch.randn(2, 16))  # the second call runs on the remembered plan
+    assert path.copy_bytes > 0 and path.reserved_bytes > 0 and len(made) == 1
     del layer
     gc.collect()
     assert path.copy_bytes == 0 and path.reserved_bytes == 0
+    assert made[0]() is None  # nothing else, such as the remembered plan, holds the copy
 
 
 def test_inference_mode_weights_run_on_the_fast_path(monkeypatch):

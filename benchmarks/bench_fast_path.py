@@ -1,0 +1,96 @@
+"""What the CPU fast path saves on SmolLM2's verify steps, and what intercepting torch calls costs.
+
+For each new-token count of ``--tokens`` at ``--context`` cached tokens (batch 1), interleaved over
+``--rounds`` rounds so that drift in machine load hits every arm alike, the median seconds of one
+target forward:
+
+* ``plain``: the model's own forward;
+* ``fast_path``: inside ``FastPath.active()`` (``dspark.wrap``'s default on a CPU);
+* ``intercepted``: the plain forward under a ``TorchFunctionMode`` that passes every call through
+  unchanged, which is what routing by a mode costs before it does any work (the reason the fast
+  path routes ``F.linear`` alone).
+
+    python benchmarks/bench_fast_path.py --tokens 1,2,8 --rounds 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from torch.overrides import TorchFunctionMode
+from tqdm import tqdm
+
+import dspark
+from dspark.benchmarking import write_json
+from dspark.cost_models.profiling import measure_step_time
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+class _PassThrough(TorchFunctionMode):
+    """Intercepts every torch call and runs it unchanged."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="1,2,8", help="new tokens per forward, comma-separated")
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--output", type=Path, default=RESULTS / "bench_fast_path.json")
+    args = parser.parse_args(argv)
+    args.tokens = [int(value) for value in args.tokens.split(",")]
+    if min(args.tokens) < 1 or args.rounds < 1 or args.context < 0:
+        parser.error(f"--tokens must be ints >= 1, --rounds >= 1 and --context >= 0, got {args.tokens}, {args.rounds}, {args.context}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parse_args(argv)
+    bundle = dspark.pretrained.load("smollm2-135m-instruct", drafter="prompt-lookup")
+    target = bundle.target
+    fast_path = dspark.fast_path.FastPath.shared(target)
+    arms = {
+        "plain": lambda tokens: measure_step_time(target, 1, tokens, args.context, repeats=3).seconds,
+        "fast_path": lambda tokens: measure_step_time(target, 1, tokens, args.context, fast_path=fast_path, repeats=3).seconds,
+    }
+
+    def intercepted(tokens: int) -> float:
+        with _PassThrough():
+            return measure_step_time(target, 1, tokens, args.context, repeats=3).seconds
+
+    arms["intercepted"] = intercepted
+    seconds = {tokens: {name: [] for name in arms} for tokens in args.tokens}
+    for _ in tqdm(range(args.rounds), desc="rounds", unit="round"):
+        for tokens in args.tokens:
+            for name, arm in arms.items():
+                seconds[tokens][name].append(arm(tokens))
+    results = {}
+    for tokens, by_arm in seconds.items():
+        median = {name: statistics.median(values) for name, values in by_arm.items()}
+        results[str(tokens)] = {
+            **{f"{name}_ms": value * 1e3 for name, value in median.items()},
+            "fast_path_speedup": median["plain"] / median["fast_path"],
+            "interception_ms": (median["intercepted"] - median["plain"]) * 1e3,
+        }
+        print(f"{tokens} new tokens: plain {median['plain'] * 1e3:.1f} ms, fast path {median['fast_path'] * 1e3:.1f} ms "
+              f"({results[str(tokens)]['fast_path_speedup']:.2f}x), a pass-through TorchFunctionMode adds {results[str(tokens)]['interception_ms']:.1f} ms")
+    report = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "settings": {**vars(args), "output": str(args.output), "threads": torch.get_num_threads()},
+        "results": results,
+    }
+    write_json(args.output, report)
+    print(f"wrote {args.output}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
