@@ -44,6 +44,7 @@ from dspark.checks import check_int
 __all__ = [
     "FORMULATIONS",
     "REFERENCE_ROWS",
+    "REVISION",
     "TUNED_ROWS",
     "FastPath",
     "LinearChoice",
@@ -65,6 +66,9 @@ _MAX_TUNED_ROWS = 512
 #: Row counts whose savings decide which weights get copies: a plain step and an 8-token verify step.
 REFERENCE_ROWS = (1, 8)
 _CACHE_VERSION = 1
+#: Raised whenever a change to the fast path changes how long forwards take, so that timings measured
+#: on an earlier one (``ProfiledCostModel`` tables) are measured again. 2: F.linear routed alone.
+REVISION = 2
 # The kernel itself, kept before any routing: inside active() ``F.linear`` is the router.
 _F_LINEAR = F.linear
 

@@ -28,7 +28,7 @@ from dspark.cost_models import (
 )
 from dspark.cost_models import profiled as profiled_module
 from dspark.drafters import PromptLookupDrafter
-from dspark.fast_path import FastPath
+from dspark.fast_path import REVISION, FastPath
 from dspark.protocols import CostModel
 from tests.conftest import build_model, tiny_semi_ar_drafter
 from tests.strategies import cost_grids
@@ -290,10 +290,11 @@ def test_profile_times_a_drafter_that_reads_target_features(target, tmp_path):
 
 
 def test_profile_runs_the_forwards_on_a_given_fast_path(target, tmp_path):
-    """With a FastPath instance the timed forwards are routed through it (it has measured their shapes) and the key says so."""
+    """With a FastPath instance the timed forwards are routed through it (it has measured their shapes) and the key says so,
+    with the fast path's revision (a table timed on an earlier fast path is measured again)."""
     path = FastPath()
     model = ProfiledCostModel.profile(target, rows=(2,), tokens=(3,), context=4, repeats=1, fast_path=path, cache_dir=tmp_path, progress=False)
-    assert model.table.key["fast_path"] is True
+    assert model.table.key["fast_path"] is True and model.table.key["fast_path_revision"] == REVISION
     assert 6 in {choice.rows for choice in path.choices()}
 
 

@@ -43,6 +43,7 @@ import torch
 
 from dspark.checks import check_format, check_int, check_seconds
 from dspark.cost_models.profiling import cost_curve
+from dspark.fast_path import REVISION as FAST_PATH_REVISION
 from dspark.fast_path import FastPath, on_cpu
 from dspark.protocols import DRAFTER_HOOKS, hook
 from dspark.types import DraftContext, GenerationStart, SamplingConfig, StepOutcome
@@ -331,7 +332,8 @@ def profile_key(
     target: torch.nn.Module, drafter=None, context: int = 256, repeats: int = 5, fast_path: bool = True, max_draft_tokens: int | None = None
 ) -> dict:
     """What a profiled table's timings depend on: the target (class, name, parameter count), device,
-    dtype, torch threads and version, the measuring settings, and the drafter (class, parameters, γ).
+    dtype, torch threads and version, the measuring settings (with the fast path's ``REVISION`` when it is
+    on), and the drafter (class, parameters, γ).
     Weights' values are left out: a forward's time does not depend on them."""
     weight = target.get_output_embeddings().weight
     name = target.config.name_or_path or "" if hasattr(target, "config") else ""
@@ -345,6 +347,7 @@ def profile_key(
         "context": context,
         "repeats": repeats,
         "fast_path": fast_path,
+        "fast_path_revision": FAST_PATH_REVISION if fast_path else None,
         "drafter": None if drafter is None else f"{type(drafter).__name__} {_parameter_count(drafter)}",
         "max_draft_tokens": max_draft_tokens,
     }
