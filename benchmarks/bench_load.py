@@ -6,8 +6,9 @@ semi-autoregressive drafter with its calibrated estimator; prompt lookup with th
 logistic model of its signals), greedy and/or at temperature 1:
 
 * plain decoding (nothing drafted), MTP-1 (``FixedLength(1)``), fixed γ (every drafted token),
-  threshold (``Threshold(0.5)`` on the calibrated survival), vLLM's argmax rule and DSpark
-  (``HardwareAwareScheduler``), the last two with the cost model ``wrap`` profiles on this machine;
+  threshold (``Threshold(0.5)`` on the calibrated survival), vLLM's argmax rule, DSpark
+  (``HardwareAwareScheduler``, column-wise admission) and DSpark with the paper's candidate-wise
+  admission (``dspark_candidates``), the last three with the cost model ``wrap`` profiles on this machine;
 * aggregate tokens/s (all rows' new tokens over the batch's wall time), per-user tokens/s (one
   row's tokens over that time, averaged over rows), τ, the mean verify length per row and step, each policy's speed
   over plain decoding and over the best static policy (plain, MTP-1, fixed γ, threshold) at that c;
@@ -47,6 +48,7 @@ from dspark.verify import CalibrationFile, Threshold, calibrated_estimator
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STATIC = ("plain", "mtp1", "fixed_gamma", "threshold")
+POLICIES = (*STATIC, "vllm_rule", "dspark", "dspark_candidates")
 DRAFTERS = ("shipped", "prompt_lookup")
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
@@ -82,6 +84,7 @@ def _policies(target, drafter, confidence, gamma) -> dict:
         "threshold": dspark.Strategy(drafter=drafter, policy=Threshold(0.5), confidence=confidence, max_draft_tokens=gamma),
         "vllm_rule": strategies.vllm_rule(drafter, gamma, cost_model, confidence),
         "dspark": strategies.dspark(drafter, gamma, cost_model, confidence),
+        "dspark_candidates": strategies.dspark(drafter, gamma, cost_model, confidence, admission="candidates"),
     }
 
 
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     drafters = {name: drafters[name] for name in args.drafters}
     report = {"command": shlex.join([sys.executable, *sys.argv]), "settings": {**vars(args), "output": str(args.output)}, "results": {}, "mismatches": []}
-    runs = len(drafters) * len(args.modes) * len(args.concurrency) * 6
+    runs = len(drafters) * len(args.modes) * len(args.concurrency) * len(POLICIES)
     with tqdm(total=runs, desc="load runs", unit="run", mininterval=30) as bar:
         for drafter_name, (drafter, confidence, gamma) in drafters.items():
             policies = _policies(target, drafter, confidence, gamma)

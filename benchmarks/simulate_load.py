@@ -131,7 +131,11 @@ def _policies(gamma: int, threshold: bool = True) -> dict:
     policies = {"plain": FixedLength(0), "mtp1": FixedLength(1), "fixed_gamma": FixedLength(gamma)}
     if threshold:
         policies["threshold"] = Threshold(0.5)
-    policies.update({"vllm_rule": VllmArgmaxRule(max_draft_tokens=gamma), "dspark": HardwareAwareScheduler(max_draft_tokens=gamma)})
+    policies.update({
+        "vllm_rule": VllmArgmaxRule(max_draft_tokens=gamma),
+        "dspark": HardwareAwareScheduler(max_draft_tokens=gamma),
+        "dspark_candidates": HardwareAwareScheduler(max_draft_tokens=gamma, admission="candidates"),
+    })
     return policies
 
 

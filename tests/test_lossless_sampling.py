@@ -240,7 +240,7 @@ class SingleRequestBatches:
         return torch.cat([self.policy.lengths(survival[row : row + 1], cost_model, limits[row : row + 1]) for row in range(survival.shape[0])])
 
 
-@pytest.mark.parametrize("policy", [HardwareAwareScheduler(), MinimumGainRule()], ids=["hardware-aware", "minimum-gain"])
+@pytest.mark.parametrize("policy", [HardwareAwareScheduler(admission="candidates"), MinimumGainRule()], ids=["hardware-aware-candidates", "minimum-gain"])
 def test_throughput_aware_policies_are_lossless_on_a_mixed_batch(models, policy):
     """On one 4000-row batch of two prompts the first step verifies x_1 for PROMPT's rows only, and both prompts' samples pass."""
     target, draft_model = models
@@ -271,6 +271,55 @@ def test_the_test_rejects_retrospective_scheduling(models, policy):
     target, draft_model = models
     result = _sample(target, DraftModelDrafter(draft_model), WARPINGS[0], seed=0, max_draft_tokens=2,
                      policy=SingleRequestBatches(policy), confidence=DraftProbability(), cost_model=APPENDIX_A)
+    assert set(result.stats.verify_lengths[0].tolist()) == {0, 2}, "x_1 must be verified for some rows and not others"
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) < SIGNIFICANCE
+
+
+@attrs.frozen
+class PairBatches:
+    """Schedules rows 2i and 2i + 1 as one batch of two, as ROWS / 2 independent two-request engines would."""
+
+    policy: object
+    needs_survival = True
+
+    def lengths(self, survival, cost_model, limits):
+        return torch.cat([self.policy.lengths(survival[row : row + 2], cost_model, limits[row : row + 2]) for row in range(0, survival.shape[0], 2)])
+
+
+@attrs.frozen
+class ColumnArgmax:
+    """Test double: column-wise admission without its early stop, i.e. the best number of columns K after seeing
+    every column's survival (the retrospective search, by columns)."""
+
+    needs_survival = True
+
+    def lengths(self, survival, cost_model, limits):
+        prefix = survival.cumprod(dim=1).double()
+        rows, gamma = prefix.shape
+        reachable = torch.arange(1, gamma + 1)[None, :] <= limits[:, None]
+        tau = rows + torch.cat([torch.zeros(1, dtype=torch.float64), (prefix * reachable).sum(dim=0).cumsum(dim=0)])
+        seconds = torch.tensor([cost_model.draft_time(rows) + cost_model.step_time(rows, 1 + width) for width in range(gamma + 1)], dtype=torch.float64)
+        return torch.minimum(limits, (tau / seconds).argmax())
+
+
+def test_column_admission_is_lossless_in_pair_batches(models):
+    """Column-wise admission in batches of two, on a curve where the second column pays only when both rows' c_2 are
+    high enough: ℓ ∈ {1, 2} follows both rows' x_1, and the law holds."""
+    target, draft_model = models
+    policy = PairBatches(HardwareAwareScheduler(admission="columns"))
+    result = _sample(target, DraftModelDrafter(draft_model), WARPINGS[0], seed=7, max_draft_tokens=2,
+                     policy=policy, confidence=DraftProbability(), cost_model=StepCurve((1.0, 1.0, 1.3)))
+    assert set(result.stats.verify_lengths[0].tolist()) == {1, 2}
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE
+
+
+def test_the_test_rejects_column_admission_without_its_early_stop(models):
+    """Power, by columns: in batches of two on a curve where one column never pays and two pay only when both rows'
+    a_2 are high (T = 1, 2, 2.41), the best K verifies x_1 only when its own c_2, which reads x_1, is high, and the
+    output law is rejected (column-wise admission with its early stop verifies nothing there)."""
+    target, draft_model = models
+    result = _sample(target, DraftModelDrafter(draft_model), WARPINGS[0], seed=7, max_draft_tokens=2,
+                     policy=PairBatches(ColumnArgmax()), confidence=DraftProbability(), cost_model=StepCurve((1.0, 2.0, 2.41)))
     assert set(result.stats.verify_lengths[0].tolist()) == {0, 2}, "x_1 must be verified for some rows and not others"
     assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) < SIGNIFICANCE
 

@@ -20,6 +20,7 @@ from dspark.verify.schedulers import (
     MinimumGainRule,
     VllmArgmaxRule,
     candidate_order,
+    column_schedule,
     goodput_curve,
     minimum_gain_schedule,
     prefix_schedule,
@@ -104,8 +105,8 @@ def test_drafting_time_in_the_denominator_changes_the_decision():
     """With one second of drafting the same cliff no longer stops Algorithm 1 (Θ rises at every admission)."""
     cost = TableCostModel((1.0, 1.5, 1.5, 1.6), draft_seconds=1.0)
     survival = torch.tensor([[0.9, 0.8, 0.5], [0.6, 0.5, 0.9]])
-    assert HardwareAwareScheduler().lengths(survival, cost, full(2, 3)).tolist() == [3, 3]
-    assert HardwareAwareScheduler(include_draft_cost=False).lengths(survival, cost, full(2, 3)).tolist() == [0, 0]
+    assert HardwareAwareScheduler(admission="candidates").lengths(survival, cost, full(2, 3)).tolist() == [3, 3]
+    assert HardwareAwareScheduler(admission="candidates", include_draft_cost=False).lengths(survival, cost, full(2, 3)).tolist() == [0, 0]
 
 
 def test_ties_go_to_the_smaller_position_then_the_smaller_row():
@@ -124,10 +125,12 @@ def test_limits_are_respected():
 
 
 def test_flat_curve_admits_every_positive_survival():
-    """Verification is free (ConstantCostModel): every eligible a > 0 is admitted, the zeros are not."""
+    """Verification is free (ConstantCostModel): every eligible a > 0 is admitted, the zeros are not; by columns,
+    every column with some a > 0 opens and every row rides it up to its limit (zeros cost nothing there either)."""
     survival = torch.tensor([[0.9, 0.5, 0.0], [0.2, 0.0, 0.7], [0.0, 0.5, 0.5], [1.0, 1.0, 1.0]])
     limits = torch.tensor([3, 3, 3, 2])
-    assert HardwareAwareScheduler().lengths(survival, ConstantCostModel(), limits).tolist() == [2, 1, 0, 2]
+    assert HardwareAwareScheduler(admission="candidates").lengths(survival, ConstantCostModel(), limits).tolist() == [2, 1, 0, 2]
+    assert HardwareAwareScheduler().lengths(survival, ConstantCostModel(), limits).tolist() == [2, 2, 2, 2]
     assert prefix_schedule(survival.cumprod(dim=1), limits, ConstantCostModel().step_time, early_stop=False).tolist() == [2, 1, 0, 2]
 
 
@@ -147,6 +150,46 @@ def test_zero_rows_and_zero_width():
     assert prefix_schedule(torch.zeros((0, 3)), torch.zeros(0, dtype=torch.long), refuse).shape == (0,)
     assert prefix_schedule(torch.zeros((2, 0)), full(2, 0), refuse).tolist() == [0, 0]
     assert minimum_gain_schedule(torch.zeros((2, 0)), full(2, 0), refuse).tolist() == [0, 0]
+
+
+# ----------------------------------------------------------------------------- column-wise admission by hand
+
+
+def test_columns_on_two_rows():
+    """Θ by column on TWO_ROWS: 2/1.0, 3.5/1.1, 4.52/1.2, then 5.15/2.0 falls: K = 2, and row 1's second
+    token (a = 0.3, below (0,3) in the candidate order where Algorithm 1 stopped) rides along: ℓ = [2, 2]."""
+    sps = table(1.0, 1.1, 1.2, 2.0)
+    assert column_schedule(TWO_ROWS, full(2, 3), sps).tolist() == [2, 2]
+    assert prefix_schedule(TWO_ROWS, full(2, 3), sps).tolist() == [2, 1]
+
+
+def test_a_column_that_pays_as_a_whole_is_opened():
+    """Four rows with a_1 = 0.3 and a column costing 20% more: no single candidate pays ((4 + 0.3)/1.2 < 4), the
+    column does ((4 + 1.2)/1.2 > 4)."""
+    prefix = torch.full((4, 1), 0.3, dtype=torch.float64)
+    sps = table(1.0, 1.2)
+    assert prefix_schedule(prefix, full(4, 1), sps).tolist() == [0, 0, 0, 0]
+    assert column_schedule(prefix, full(4, 1), sps).tolist() == [1, 1, 1, 1]
+    assert HardwareAwareScheduler(admission="columns").lengths(prefix, TableCostModel((1.0, 1.2)), full(4, 1)).tolist() == [1, 1, 1, 1]
+
+
+def test_columns_stop_at_the_first_column_that_does_not_pay():
+    """Appendix A's curve with a_2 high enough that two columns would pay: the first column alone lowers Θ, so
+    column-wise admission stops there (ℓ = 0), as Algorithm 1 does at one row."""
+    prefix = torch.tensor([[0.8, 0.72]], dtype=torch.float64)
+    sps = table(1 / 1.0, 1 / 0.5, 1 / 0.45)
+    assert column_schedule(prefix, full(1, 2), sps).tolist() == [0]
+
+
+def test_column_limits_and_weights():
+    """Rows stop at their limits inside an opened column; a heavy row can open a column the others ride."""
+    prefix = torch.ones((2, 2), dtype=torch.float64)
+    assert column_schedule(prefix, torch.tensor([2, 1]), table(1.0, 1.0, 1.0)).tolist() == [2, 1]
+    # The column pays when the (weighted) mean a_1 exceeds 0.3: 0.25 unweighted, (0.1 + 9·0.4)/10 = 0.37 weighted.
+    single = torch.tensor([[0.1], [0.4]], dtype=torch.float64)
+    curve = table(1.0, 1.3)
+    assert column_schedule(single, full(2, 1), curve).tolist() == [0, 0]
+    assert column_schedule(single, full(2, 1), curve, weights=torch.tensor([1.0, 9.0])).tolist() == [1, 1]
 
 
 # ----------------------------------------------------------------------------- properties
@@ -207,6 +250,48 @@ def test_early_stop_never_admits_more_than_the_retrospective_search(problem, cur
     assert bool((early <= retrospective).all())
 
 
+@given(schedule_problems(max_rows=1), step_curves(), st.floats(0.0, 5.0))
+@settings(max_examples=150, deadline=None)
+def test_columns_are_algorithm_1_at_one_row(problem, curve, draft_seconds):
+    """With one row every column holds one candidate: column-wise admission returns Algorithm 1's ℓ."""
+    survival, limits = problem
+    prefix = survival.cumprod(dim=1)
+    seconds, _ = curve
+    assert torch.equal(column_schedule(prefix, limits, table(*seconds), draft_seconds), prefix_schedule(prefix, limits, table(*seconds), draft_seconds))
+
+
+@given(schedule_problems(), step_curves(), st.floats(0.0, 5.0))
+@settings(max_examples=150, deadline=None)
+def test_columns_fill_the_rectangle_and_stop_early(problem, curve, draft_seconds):
+    """ℓ_r = min(K, limits[r], γ) for one K, and K is the count of leading columns that each raised Θ (brute force)."""
+    survival, limits = problem
+    prefix = survival.cumprod(dim=1)
+    seconds, _ = curve
+    rows, gamma = prefix.shape
+    lengths = column_schedule(prefix, limits, table(*seconds), draft_seconds)
+    reach = [min(int(limit), gamma) for limit in limits]
+
+    def goodput(columns: int) -> float:
+        tokens = sum(1 + sum(prefix[row, : min(columns, reach[row])].tolist()) for row in range(rows))
+        return tokens / (draft_seconds + seconds[columns])
+
+    columns = 0
+    while columns < gamma and goodput(columns + 1) > goodput(columns):
+        columns += 1
+    assert lengths.tolist() == [min(columns, reach[row]) for row in range(rows)]
+
+
+@given(schedule_problems(), step_curves())
+@settings(max_examples=150, deadline=None)
+def test_a_steeper_curve_never_opens_more_columns(problem, curve):
+    """T'(w) = T(w)·2^{e_w} with e_w non-decreasing: column-wise admission gives ℓ' ≤ ℓ row by row."""
+    survival, limits = problem
+    prefix = survival.cumprod(dim=1)
+    seconds, doublings = curve
+    steeper = [value * 2.0**exponent for value, exponent in zip(seconds, doublings)]
+    assert bool((column_schedule(prefix, limits, table(*steeper)) <= column_schedule(prefix, limits, table(*seconds))).all())
+
+
 @given(schedule_problems(), step_curves(), st.floats(0.0, 5.0))
 @settings(max_examples=100, deadline=None)
 def test_vllm_rule_is_the_argmax_over_budgets(problem, curve, draft_seconds):
@@ -229,12 +314,14 @@ def test_vllm_rule_is_the_argmax_over_budgets(problem, curve, draft_seconds):
 
 
 def test_vllm_rule_looks_past_the_cliff_that_stops_algorithm_1():
-    """A dear second column: Algorithm 1 stops at once, vLLM's argmax over budgets takes the best three candidates."""
+    """A dear second column: Algorithm 1 stops at once, vLLM's argmax over budgets takes the best three candidates, and
+    column-wise admission sees that the first two columns pay as wholes (Θ 2/1.2, 3.5/2.0, 4.52/2.0, then 5.15/3.2)."""
     cost = TableCostModel((1.0, 1.8, 1.8, 3.0), draft_seconds=0.2)
     survival = torch.tensor([[0.9, 0.8, 0.5], [0.6, 0.5, 0.9]], dtype=torch.float64)
     # Θ_b = 2/1.2, 2.9/2.0, 3.62/2.0, 4.22/2.0, 4.58/3.2, 4.88/3.2, 5.15/3.2: the maximum is at b = 3.
     assert VllmArgmaxRule().lengths(survival, cost, full(2, 3)).tolist() == [2, 1]
-    assert HardwareAwareScheduler().lengths(survival, cost, full(2, 3)).tolist() == [0, 0]
+    assert HardwareAwareScheduler(admission="candidates").lengths(survival, cost, full(2, 3)).tolist() == [0, 0]
+    assert HardwareAwareScheduler().lengths(survival, cost, full(2, 3)).tolist() == [2, 2]
 
 
 @pytest.mark.parametrize("min_gain, expected", [(0.04, [2, 1]), (0.65, [2, 0]), (0.75, [1, 0]), (0.0, [2, 1]), (1.0, [0, 0])])
@@ -316,6 +403,7 @@ def test_bad_arguments_are_refused():
         (lambda value: HardwareAwareScheduler(max_draft_tokens=value), -1, ValueError),
         (lambda value: HardwareAwareScheduler(max_draft_tokens=value), 1.5, TypeError),
         (lambda value: HardwareAwareScheduler(include_draft_cost=value), "yes", TypeError),
+        (lambda value: HardwareAwareScheduler(admission=value), "rows", ValueError),
         (lambda value: VllmArgmaxRule(max_draft_tokens=value), -2, ValueError),
         (lambda value: MinimumGainRule(min_gain=value), 1.5, ValueError),
         (lambda value: MinimumGainRule(min_gain=value), -0.1, ValueError),
@@ -336,7 +424,11 @@ def target():
 
 
 @pytest.mark.parametrize("drafter_kind", ["other-model", "self"])
-@pytest.mark.parametrize("policy_type", [HardwareAwareScheduler, VllmArgmaxRule, MinimumGainRule], ids=["hardware-aware", "vllm-argmax", "minimum-gain"])
+@pytest.mark.parametrize(
+    "policy_type",
+    [HardwareAwareScheduler, lambda: HardwareAwareScheduler(admission="columns"), VllmArgmaxRule, MinimumGainRule],
+    ids=["hardware-aware", "hardware-aware-columns", "vllm-argmax", "minimum-gain"],
+)
 def test_greedy_output_equals_hf_generate(target, policy_type, drafter_kind):
     """Mixed prompt lengths, a linear cost curve: ℓ takes several values and the output equals HF greedy generate."""
     policy = policy_type()  # a fresh one per drafter: the scheduler's row fallback learns across generations
@@ -395,7 +487,7 @@ def test_weights_of_the_wrong_shape_are_refused():
 def test_the_scheduler_reads_priority_and_drafted_rows_from_the_context():
     """Through a VerifyContext the scheduler weighs rows by priority and charges draft_time of the drafted rows only."""
     survival = torch.ones((2, 1), dtype=torch.float64)
-    policy = HardwareAwareScheduler()
+    policy = HardwareAwareScheduler(admission="candidates")  # one candidate alone does not pay for the column
     costs = TableCostModel((1.0, 1.6))
     rows = torch.arange(2)
     assert policy.lengths(survival, costs, full(2, 1)).tolist() == [0, 0]

@@ -21,6 +21,15 @@ def test_presets_compose_the_policy_they_name():
         assert isinstance(strategy.confidence, DraftProbability)
 
 
+def test_the_dspark_preset_admits_columns_unless_told_otherwise():
+    """strategies.dspark schedules whole verify columns by default and the paper's single candidates on request."""
+    drafter, cost = PromptLookupDrafter(), ConstantCostModel(step_seconds=0.01)
+    assert strategies.dspark(drafter, 5, cost).policy.admission == "columns"
+    assert strategies.dspark(drafter, 5, cost, admission="candidates").policy.admission == "candidates"
+    with pytest.raises(ValueError, match="admission"):
+        strategies.dspark(drafter, 5, cost, admission="rows")
+
+
 @pytest.mark.parametrize("preset", [strategies.dspark, strategies.vllm_rule, strategies.minimum_gain_rule])
 def test_scheduled_presets_reproduce_greedy_generate(preset, llama):
     """Every scheduled preset gives HF's greedy output on a mixed-length batch."""

@@ -18,6 +18,19 @@ with many rows Algorithm 1 stops before a new column unless (D + T(R, w + 1)) / 
 (τ ≥ R: a rise of less than a/R of a step), even where admitting the whole column would pay. Seeing past
 such a step is what the retrospective search does, and why it is not lossless.
 
+Column-wise admission (``column_schedule``, ``HardwareAwareScheduler(admission="columns")``) prices
+what the rectangular forward actually buys: once column k is paid for, every row's k-th draft token is
+verified at no further cost, so the decision is per column. Open columns k = 1, 2, … (every row up to
+its limit) while
+
+    Θ(k) = Σ_r w_r·(1 + Σ_{j ≤ min(k, limits_r)} a_{r,j}) / (D + T(R, 1 + k))
+
+rises, and stop at the first column that does not raise it; ℓ_r = min(K, limits_r). With one row it is
+Algorithm 1. It is lossless for the same reason: column k is decided from a_{·,≤k}, and for row r the
+last of those, a_{r,k}, reads x_{r,1..k−1}, never x_{r,k} (other rows' tokens are independent of row
+r's). It never gives up free candidates below a column's first one, and a column is opened when all
+its rows together pay for it, not only its best.
+
 The candidates (r, j), j ≤ limits[r], are visited in descending a_{r,j}; ties go to the smaller j, then
 the smaller r. Because a_{r,j+1} ≤ a_{r,j}, each row's candidates come in order of j, so the admitted
 set of any prefix of this order is a per-row prefix and ℓ_r is simply the count of row r's admissions.
@@ -51,17 +64,21 @@ from dspark.verify.confidence import survival_products
 from dspark.verify.fallback import GoodputFallback
 
 __all__ = [
+    "ADMISSIONS",
     "Candidates",
     "HardwareAwareScheduler",
     "MinimumGainRule",
     "VllmArgmaxRule",
     "candidate_order",
+    "column_schedule",
     "goodput_curve",
     "minimum_gain_schedule",
     "prefix_schedule",
 ]
 
 StepTime = Callable[[int, int], float]
+#: How ``HardwareAwareScheduler`` admits draft tokens: single candidates in the paper's order, or whole columns.
+ADMISSIONS = ("candidates", "columns")
 
 
 class Candidates(NamedTuple):
@@ -135,6 +152,31 @@ def prefix_schedule(
     return _lengths(candidates.rows, count, rows)
 
 
+def column_schedule(
+    prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, draft_seconds: float = 0.0, weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Column-wise admission on dspark's rectangular forward (module docstring): ℓ LongTensor[R],
+    ℓ_r = min(K, limits[r]) for the first K columns each of which raised Θ. ``weights``: per-row
+    priorities w_r > 0 (None: all 1)."""
+    _check_problem(prefix_survival, limits)
+    rows, gamma = prefix_survival.shape
+    device = prefix_survival.device
+    if rows == 0 or gamma == 0:
+        return torch.zeros(rows, dtype=torch.long, device=device)
+    draft_seconds = _check_seconds("draft_seconds", draft_seconds)
+    seconds = _step_seconds(step_time, rows, gamma, draft_seconds, _compute_dtype(prefix_survival), device)
+    limits = limits.to(device)
+    weighted = prefix_survival.to(seconds.dtype)
+    if weights is not None:
+        weighted = weighted * _check_weights(weights, rows).to(device, seconds.dtype)[:, None]
+    reachable = torch.arange(1, gamma + 1, device=device)[None, :] <= limits[:, None]
+    gained = torch.where(reachable, weighted, torch.zeros_like(weighted)).sum(dim=0)
+    tau = _base(weights, rows, seconds) + torch.cat([gained.new_zeros(1), gained.cumsum(dim=0)])
+    theta = tau / (draft_seconds + seconds)
+    columns = _leading_true(theta[1:] > theta[:-1])
+    return torch.minimum(limits.long().clamp_min(0), columns)
+
+
 def minimum_gain_schedule(prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, min_gain: float = 0.04) -> torch.Tensor:
     """ℓ LongTensor[R]: admit candidates in ``candidate_order`` while a_{r,j} − ΔT / T(R, 1) ≥ ``min_gain``,
     ΔT the step time the admission adds (T(R, 1 + new max ℓ) − T(R, 1 + old max ℓ), 0 when max ℓ does not
@@ -165,11 +207,15 @@ class HardwareAwareScheduler:
     denominator (beyond the paper, which leaves drafting out); a fixed cost per step makes verification
     relatively cheaper. ``row_fallback``: decides before each proposal which rows are worth drafting for
     at all (``dspark.verify.fallback``; beyond the paper); None drafts every row every step.
+    ``admission``: "columns" (the default), whole verify columns (``column_schedule``), which is what dspark's
+    rectangular forward pays for; or "candidates", the paper's order of single (r, j) (``prefix_schedule``).
+    Both stop early and are lossless, and they agree at one row.
     """
 
     max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
     include_draft_cost: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     row_fallback: RowFallback | None = attrs.field(factory=GoodputFallback, validator=attrs.validators.optional(attrs.validators.instance_of(RowFallback)))
+    admission: str = attrs.field(default="columns", validator=attrs.validators.in_(ADMISSIONS))
     needs_survival = True
     needs_cost_model = True
     reads_context = True
@@ -179,6 +225,8 @@ class HardwareAwareScheduler:
         step time, with early stop."""
         prefix, limits = _prefix_and_limits(self, survival, limits)
         draft_seconds = _draft_seconds(cost_model, prefix.shape[0], context) if self.include_draft_cost else 0.0
+        if self.admission == "columns":
+            return column_schedule(prefix, limits, cost_model.step_time, draft_seconds, weights=_priority(context))
         return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=True, weights=_priority(context))
 
 
