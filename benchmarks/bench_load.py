@@ -14,7 +14,8 @@ logistic model of its signals), greedy and/or at temperature 1:
   over plain decoding and over the best static policy (plain, MTP-1, fixed γ, threshold) at that c;
 * the same ratios for decoding alone (``decode_*``: the steps' own times from the step records, so
   the prompt's processing, which dominates short runs at large c, is left out); with ``--repeats N``
-  every time is the median of N timed runs;
+  every time is the median of N timed runs, taken in N rounds that time every policy once each, so
+  that drift in the machine's speed hits every policy alike;
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
   length against c (Figure 8).
 
@@ -88,17 +89,18 @@ def _policies(target, drafter, confidence, gamma) -> dict:
     }
 
 
-def _run(target, strategy, batch, sampling, max_new_tokens, repeats: int = 1) -> tuple[dict, list]:
-    """``repeats`` timed generations of ``batch``: the median wall time (prompt processing included) and
-    the median decoding time (the steps alone, from the step records), with τ and the verify length."""
-    model = dspark.SpeculativeModel(target, strategy)
-    walls, decodes = [], []
-    for _ in range(repeats):
-        generator = torch.Generator().manual_seed(0)
-        started = time.perf_counter()
-        result = model.generate(**batch, max_new_tokens=max_new_tokens, generator=generator, **sampling)
-        walls.append(time.perf_counter() - started)
-        decodes.append(sum(record.draft_seconds + record.verify_seconds for record in result.stats.records))
+def _timed(model, batch, sampling, max_new_tokens) -> tuple[float, float, object]:
+    """One generation of ``batch``: (wall seconds, prompt processing included; decoding seconds, the steps
+    alone from the step records; the result)."""
+    generator = torch.Generator().manual_seed(0)
+    started = time.perf_counter()
+    result = model.generate(**batch, max_new_tokens=max_new_tokens, generator=generator, **sampling)
+    wall = time.perf_counter() - started
+    return wall, sum(record.draft_seconds + record.verify_seconds for record in result.stats.records), result
+
+
+def _entry(target, batch, walls: list[float], decodes: list[float], result) -> tuple[dict, list]:
+    """The medians of a policy's timed runs, with τ and the verify length of its last run, and its tokens."""
     seconds, decode_seconds = statistics.median(walls), statistics.median(decodes)
     rows = batch["input_ids"].shape[0]
     row_steps = sum(record.rows.numel() for record in result.stats.records)
@@ -112,9 +114,29 @@ def _run(target, strategy, batch, sampling, max_new_tokens, repeats: int = 1) ->
         "mean_verify_length": verified / max(row_steps, 1),
         "seconds": seconds,
         "decode_seconds": decode_seconds,
-        "repeats": repeats,
+        "repeats": len(walls),
     }
     return entry, tokens
+
+
+def _run_setting(target, policies: dict, batch, sampling, max_new_tokens: int, repeats: int, bar) -> tuple[dict, dict]:
+    """Every policy on one batch: an untimed warm-up each, then ``repeats`` rounds that time every policy
+    once, so that drift in the machine's speed hits all of them alike. Returns (entries, tokens) by name."""
+    models = {name: dspark.SpeculativeModel(target, strategy) for name, strategy in policies.items()}
+    for model in models.values():
+        # A new batch shape pays one-off set-up (allocations, kernel choices).
+        _timed(model, batch, sampling, 4)
+    timings = {name: ([], [], None) for name in models}
+    for _ in range(repeats):
+        for name, model in models.items():
+            wall, decode, result = _timed(model, batch, sampling, max_new_tokens)
+            walls, decodes, _ = timings[name]
+            timings[name] = ([*walls, wall], [*decodes, decode], result)
+    entries, tokens = {}, {}
+    for name, (walls, decodes, result) in timings.items():
+        entries[name], tokens[name] = _entry(target, batch, walls, decodes, result)
+        bar.update(1)
+    return entries, tokens
 
 
 def _plot(report: dict, output: Path) -> None:
@@ -165,16 +187,9 @@ def main(argv: list[str] | None = None) -> dict:
             for mode in args.modes:
                 for c in args.concurrency:
                     batch = encode_chat(bundle.tokenizer, messages[:c])
-                    entries, reference = {}, None
-                    for name, strategy in policies.items():
-                        # Untimed first: a new batch shape pays one-off set-up (allocations, kernel choices).
-                        _run(target, strategy, batch, MODES[mode], 4)
-                        entries[name], tokens = _run(target, strategy, batch, MODES[mode], args.max_new_tokens, args.repeats)
-                        if mode == "greedy":
-                            reference = tokens if reference is None else reference
-                            if tokens != reference:
-                                report["mismatches"].append({"drafter": drafter_name, "c": c, "policy": name})
-                        bar.update(1)
+                    entries, tokens = _run_setting(target, policies, batch, MODES[mode], args.max_new_tokens, args.repeats, bar)
+                    if mode == "greedy":
+                        report["mismatches"] += [{"drafter": drafter_name, "c": c, "policy": name} for name in tokens if tokens[name] != tokens["plain"]]
                     plain = entries["plain"]["aggregate_tokens_per_s"]
                     best_static = max(entries[name]["aggregate_tokens_per_s"] for name in STATIC)
                     plain_decode = entries["plain"]["decode_tokens_per_s"]
