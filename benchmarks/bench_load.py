@@ -8,7 +8,8 @@ logistic model of its signals), greedy and/or at temperature 1:
 * plain decoding (nothing drafted), MTP-1 (``FixedLength(1)``), fixed γ (every drafted token),
   threshold (``Threshold(0.5)`` on the calibrated survival), vLLM's argmax rule, DSpark
   (``HardwareAwareScheduler``, column-wise admission) and DSpark with the paper's candidate-wise
-  admission (``dspark_candidates``), the last three with the cost model ``wrap`` profiles on this machine;
+  admission (``dspark_candidates``), the last three with the cost model ``wrap`` profiles on this machine
+  (each its own copy, corrected online by its own steps, and its own estimator, as separate ``wrap`` calls would have);
 * aggregate tokens/s (all rows' new tokens over the batch's wall time), per-user tokens/s (one
   row's tokens over that time, averaged over rows), τ, the mean verify length per row and step, each policy's speed
   over plain decoding and over the best static policy (plain, MTP-1, fixed γ, threshold) at that c;
@@ -20,7 +21,9 @@ logistic model of its signals), greedy and/or at temperature 1:
   length against c (Figure 8).
 
 Every greedy output is checked against plain decoding's; sampled outputs are lossless by the
-sampling law tests.
+sampling law tests. Sampled runs ignore EOS, so that every policy generates the same number of tokens
+(each draws different tokens, and rows ending early would make tokens per second compare different
+amounts of work).
 
     python benchmarks/bench_load.py --concurrency 1,4,16 --modes greedy --max-new-tokens 48
 """
@@ -75,17 +78,20 @@ def _parse_args(argv):
     return args
 
 
-def _policies(target, drafter, confidence, gamma) -> dict:
-    """Name → Strategy for one drafter; the scheduled ones share the cost model wrap would profile."""
-    cost_model = dspark.profiled_cost_model(target, drafter, gamma)
+def _policies(target, drafter, make_confidence, gamma) -> dict:
+    """Name → Strategy for one drafter. Every policy that learns gets its own estimator
+    (``make_confidence()``) and its own online-corrected cost model on the table ``wrap`` profiles here, as
+    separate ``wrap`` calls would: shared, each one's decisions would follow what the others ran before it."""
     return {
         "plain": strategies.autoregressive(drafter),
         "mtp1": strategies.mtp1(drafter),
         "fixed_gamma": strategies.fixed_length(drafter, gamma),
-        "threshold": dspark.Strategy(drafter=drafter, policy=Threshold(0.5), confidence=confidence, max_draft_tokens=gamma),
-        "vllm_rule": strategies.vllm_rule(drafter, gamma, cost_model, confidence),
-        "dspark": strategies.dspark(drafter, gamma, cost_model, confidence),
-        "dspark_candidates": strategies.dspark(drafter, gamma, cost_model, confidence, admission="candidates"),
+        "threshold": dspark.Strategy(drafter=drafter, policy=Threshold(0.5), confidence=make_confidence(), max_draft_tokens=gamma),
+        "vllm_rule": strategies.vllm_rule(drafter, gamma, dspark.profiled_cost_model(target, drafter, gamma), make_confidence()),
+        "dspark": strategies.dspark(drafter, gamma, dspark.profiled_cost_model(target, drafter, gamma), make_confidence()),
+        "dspark_candidates": strategies.dspark(
+            drafter, gamma, dspark.profiled_cost_model(target, drafter, gamma), make_confidence(), admission="candidates"
+        ),
     }
 
 
@@ -93,8 +99,11 @@ def _timed(model, batch, sampling, max_new_tokens) -> tuple[float, float, object
     """One generation of ``batch``: (wall seconds, prompt processing included; decoding seconds, the steps
     alone from the step records; the result)."""
     generator = torch.Generator().manual_seed(0)
+    # Sampled runs ignore EOS: each policy draws other tokens, so rows would end at other lengths and
+    # tokens per second would compare different amounts of work. Greedy outputs are equal anyway.
+    ignore_eos = {"eos_token_id": []} if sampling.get("do_sample") else {}
     started = time.perf_counter()
-    result = model.generate(**batch, max_new_tokens=max_new_tokens, generator=generator, **sampling)
+    result = model.generate(**batch, max_new_tokens=max_new_tokens, generator=generator, **sampling, **ignore_eos)
     wall = time.perf_counter() - started
     return wall, sum(record.draft_seconds + record.verify_seconds for record in result.stats.records), result
 
@@ -173,17 +182,17 @@ def main(argv: list[str] | None = None) -> dict:
     bundle = pretrained.load()
     target = bundle.target
     messages = [prompt.message for prompt in eval_prompts(args.data_dir, spec_per_category=max(1, -(-max(args.concurrency) // 13)))]
-    lookup_confidence = calibrated_estimator(CalibrationFile.load(args.lookup_calibration))
+    lookup_calibration = CalibrationFile.load(args.lookup_calibration)
     drafters = {
-        "shipped": (bundle.drafter, calibrated_estimator(bundle.drafter.calibration), bundle.drafter.max_draft_tokens),
-        "prompt_lookup": (PromptLookupDrafter(), lookup_confidence, PromptLookupDrafter().max_draft_tokens),
+        "shipped": (bundle.drafter, lambda: calibrated_estimator(bundle.drafter.calibration), bundle.drafter.max_draft_tokens),
+        "prompt_lookup": (PromptLookupDrafter(), lambda: calibrated_estimator(lookup_calibration), PromptLookupDrafter().max_draft_tokens),
     }
     drafters = {name: drafters[name] for name in args.drafters}
     report = {"command": shlex.join([sys.executable, *sys.argv]), "settings": {**vars(args), "output": str(args.output)}, "results": {}, "mismatches": []}
     runs = len(drafters) * len(args.modes) * len(args.concurrency) * len(POLICIES)
     with tqdm(total=runs, desc="load runs", unit="run", mininterval=30) as bar:
-        for drafter_name, (drafter, confidence, gamma) in drafters.items():
-            policies = _policies(target, drafter, confidence, gamma)
+        for drafter_name, (drafter, make_confidence, gamma) in drafters.items():
+            policies = _policies(target, drafter, make_confidence, gamma)
             for mode in args.modes:
                 for c in args.concurrency:
                     batch = encode_chat(bundle.tokenizer, messages[:c])
