@@ -135,15 +135,14 @@ def _run_setting(target, policies: dict, batch, sampling, max_new_tokens: int, r
     for model in models.values():
         # A new batch shape pays one-off set-up (allocations, kernel choices).
         _timed(model, batch, sampling, 4)
-    timings = {name: ([], [], None) for name in models}
+    runs = {name: [] for name in models}  # (wall, decode, result) per round
     for _ in range(repeats):
         for name, model in models.items():
-            wall, decode, result = _timed(model, batch, sampling, max_new_tokens)
-            walls, decodes, _ = timings[name]
-            timings[name] = ([*walls, wall], [*decodes, decode], result)
+            runs[name].append(_timed(model, batch, sampling, max_new_tokens))
     entries, tokens = {}, {}
-    for name, (walls, decodes, result) in timings.items():
-        entries[name], tokens[name] = _entry(target, batch, walls, decodes, result)
+    for name, timed in runs.items():
+        walls, decodes, results = zip(*timed)
+        entries[name], tokens[name] = _entry(target, batch, list(walls), list(decodes), results[-1])
         bar.update(1)
     return entries, tokens
 

@@ -199,8 +199,9 @@ def minimum_gain_schedule(prefix_survival: torch.Tensor, limits: torch.Tensor, s
 
 @attrs.frozen
 class HardwareAwareScheduler:
-    """DSpark's hardware-aware prefix scheduler (paper Algorithm 1): global greedy admission by w_r·a_{r,j},
-    stopping at the first admission that does not raise the goodput Θ; lossless (see the module docstring).
+    """DSpark's hardware-aware prefix scheduler (paper Algorithm 1): admission of whole verify columns (by
+    default) or of single candidates by w_r·a_{r,j}, stopping at the first admission that does not raise the
+    goodput Θ; lossless (see the module docstring).
 
     ``max_draft_tokens``: γ for ``wrap`` (``POLICY_HOOKS``) and a cap on ℓ; None leaves γ to the drafter.
     ``include_draft_cost``: count the cost model's ``draft_time`` of the rows drafted this step in Θ's
@@ -221,8 +222,8 @@ class HardwareAwareScheduler:
     reads_context = True
 
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor, context: VerifyContext | None = None) -> torch.Tensor:
-        """``prefix_schedule`` of a = cumprod(c), weighted by the context's priorities, on the cost model's
-        step time, with early stop."""
+        """``column_schedule`` (or ``prefix_schedule`` with early stop, by ``admission``) of a = cumprod(c),
+        weighted by the context's priorities, on the cost model's step time."""
         prefix, limits = _prefix_and_limits(self, survival, limits)
         draft_seconds = _draft_seconds(cost_model, prefix.shape[0], context) if self.include_draft_cost else 0.0
         if self.admission == "columns":
