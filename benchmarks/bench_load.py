@@ -1,7 +1,10 @@
 """Throughput against per-user speed under load (paper §5.3–5.4, Figures 7 and 8) on SmolLM2.
 
-For each concurrency c, a static batch of c different Spec-Bench first turns generates
-``--max-new-tokens`` tokens per row with each verify policy and both drafters (the shipped
+For each concurrency c, static batches of c different Spec-Bench first turns generate
+``--max-new-tokens`` tokens per row with each verify policy; ``--rows R`` runs ceil(R / c) such
+batches one after another (R different prompts at least), so that small c is not one prompt's
+luck and the policies that learn (the fallback's prior, the online cost correction) see as many
+rows at every c and both drafters (the shipped
 semi-autoregressive drafter with its calibrated estimator; prompt lookup with the calibrated
 logistic model of its signals), greedy and/or at temperature 1:
 
@@ -10,12 +13,13 @@ logistic model of its signals), greedy and/or at temperature 1:
   (``HardwareAwareScheduler``, column-wise admission) and DSpark with the paper's candidate-wise
   admission (``dspark_candidates``), the last three with the cost model ``wrap`` profiles on this machine
   (each its own copy, corrected online by its own steps, and its own estimator, as separate ``wrap`` calls would have);
-* aggregate tokens/s (all rows' new tokens over the batch's wall time), per-user tokens/s (one
-  row's tokens over that time, averaged over rows), τ, the mean verify length per row and step, each policy's speed
+* aggregate tokens/s (all rows' new tokens over the batches' wall time), per-user tokens/s (one
+  row's tokens over its batch's time, averaged over rows), τ, the mean verify length per row and step
+  (both over every batch of the last round), each policy's speed
   over plain decoding and over the best static policy (plain, MTP-1, fixed γ, threshold) at that c;
 * the same ratios for decoding alone (``decode_*``: the steps' own times from the step records, so
   the prompt's processing, which dominates short runs at large c, is left out); with ``--repeats N``
-  every time is the median of N timed runs, taken in N rounds that time every policy once each, so
+  every time is the median of N timed rounds; a round times every policy on each batch in turn, so
   that drift in the machine's speed hits every policy alike;
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
   length against c (Figure 8).
@@ -25,7 +29,7 @@ sampling law tests. Sampled runs ignore EOS, so that every policy generates the 
 (each draws different tokens, and rows ending early would make tokens per second compare different
 amounts of work).
 
-    python benchmarks/bench_load.py --concurrency 1,4,16 --modes greedy --max-new-tokens 48
+    python benchmarks/bench_load.py --concurrency 1,4,16 --modes greedy --max-new-tokens 48 --rows 4
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def _parse_args(argv):
     parser.add_argument("--concurrency", default="1,2,4,8,16,32")
     parser.add_argument("--modes", default="greedy,temperature_1")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=1, help="timed runs per setting; the median is reported")
+    parser.add_argument("--repeats", type=int, default=1, help="timed rounds per setting; the median is reported")
+    parser.add_argument("--rows", type=int, default=8, help="rows generated per setting at least: ceil(rows / c) batches of c different prompts")
     parser.add_argument("--drafters", default="shipped,prompt_lookup", help="among shipped, prompt_lookup")
     parser.add_argument("--lookup-calibration", default=str(RESULTS / "calibration_prompt_lookup"))
     parser.add_argument("--data-dir", default=None, help="the prompt-data folder holding eval/ (default: dspark.training.default_data_dir())")
@@ -73,9 +78,23 @@ def _parse_args(argv):
     args.drafters = [name for name in args.drafters.split(",") if name]
     if any(mode not in MODES for mode in args.modes) or min(args.concurrency) < 1:
         parser.error(f"--modes must be among {sorted(MODES)} and --concurrency ints >= 1, got {args.modes} and {args.concurrency}")
+    if args.rows < 1:
+        parser.error(f"--rows must be >= 1, got {args.rows}")
     if args.repeats < 1 or not args.drafters or any(name not in DRAFTERS for name in args.drafters):
         parser.error(f"--repeats must be >= 1 and --drafters among {DRAFTERS}, got {args.repeats} and {args.drafters}")
     return args
+
+
+def _across_categories(prompts: list) -> list:
+    """The prompts reordered round-robin over their categories, so that every batch, and the first rows of
+    a small c, mix categories rather than take one category's prompts."""
+    categories = list(dict.fromkeys(prompt.category for prompt in prompts))
+    rank = {}
+    ordered = []
+    for prompt in prompts:
+        rank[prompt.category] = rank.get(prompt.category, -1) + 1
+        ordered.append((rank[prompt.category], categories.index(prompt.category), prompt))
+    return [prompt for *_, prompt in sorted(ordered, key=lambda item: item[:2])]
 
 
 def _policies(target, drafter, make_confidence, gamma) -> dict:
@@ -108,41 +127,54 @@ def _timed(model, batch, sampling, max_new_tokens) -> tuple[float, float, object
     return wall, sum(record.draft_seconds + record.verify_seconds for record in result.stats.records), result
 
 
-def _entry(target, batch, walls: list[float], decodes: list[float], result) -> tuple[dict, list]:
-    """The medians of a policy's timed runs, with τ and the verify length of its last run, and its tokens."""
+def _entry(target, batches: list, walls: list[float], decodes: list[float], results: list) -> tuple[dict, list]:
+    """A policy's medians over its timed rounds (each the sum over the batches), with τ and the verify length
+    over its last round's batches, and its tokens."""
     seconds, decode_seconds = statistics.median(walls), statistics.median(decodes)
-    rows = batch["input_ids"].shape[0]
-    row_steps = sum(record.rows.numel() for record in result.stats.records)
-    verified = sum(int(record.verify_lengths.sum()) for record in result.stats.records)
-    tokens = generated_tokens(result.sequences, batch["input_ids"].shape[1], target.generation_config.eos_token_id)
+    rows = batches[0]["input_ids"].shape[0]
+    records = [record for result in results for record in result.stats.records]
+    new_tokens = sum(result.stats.new_tokens for result in results)
+    row_steps = sum(record.rows.numel() for record in records)
+    verified = sum(int(record.verify_lengths.sum()) for record in records)
+    tokens = []
+    for batch, result in zip(batches, results):
+        tokens += generated_tokens(result.sequences, batch["input_ids"].shape[1], target.generation_config.eos_token_id)
     entry = {
-        "aggregate_tokens_per_s": result.stats.new_tokens / seconds,
-        "per_user_tokens_per_s": result.stats.new_tokens / rows / seconds,
-        "decode_tokens_per_s": result.stats.new_tokens / decode_seconds,
-        "tau": result.stats.tau,
+        "aggregate_tokens_per_s": new_tokens / seconds,
+        # A row waits for its own batch only, seconds / batches, for its new_tokens / (rows · batches) tokens.
+        "per_user_tokens_per_s": new_tokens / rows / seconds,
+        "decode_tokens_per_s": new_tokens / decode_seconds,
+        "tau": new_tokens / max(row_steps, 1),
         "mean_verify_length": verified / max(row_steps, 1),
         "seconds": seconds,
         "decode_seconds": decode_seconds,
         "repeats": len(walls),
+        "batches": len(batches),
     }
     return entry, tokens
 
 
-def _run_setting(target, policies: dict, batch, sampling, max_new_tokens: int, repeats: int, bar) -> tuple[dict, dict]:
-    """Every policy on one batch: an untimed warm-up each, then ``repeats`` rounds that time every policy
-    once, so that drift in the machine's speed hits all of them alike. Returns (entries, tokens) by name."""
+def _run_setting(target, policies: dict, batches: list, sampling, max_new_tokens: int, repeats: int, bar) -> tuple[dict, dict]:
+    """Every policy on every batch: an untimed warm-up each on the first batch, then ``repeats`` rounds
+    that time every policy on each batch in turn, so that drift in the machine's speed hits all of them
+    alike. Returns (entries, tokens) by name."""
     models = {name: dspark.SpeculativeModel(target, strategy) for name, strategy in policies.items()}
     for model in models.values():
         # A new batch shape pays one-off set-up (allocations, kernel choices).
-        _timed(model, batch, sampling, 4)
-    runs = {name: [] for name in models}  # (wall, decode, result) per round
+        _timed(model, batches[0], sampling, 4)
+    rounds = {name: [] for name in models}  # per round: (wall, decode, results), summed over the batches
     for _ in range(repeats):
-        for name, model in models.items():
-            runs[name].append(_timed(model, batch, sampling, max_new_tokens))
+        timed = {name: [] for name in models}
+        for batch in batches:
+            for name, model in models.items():
+                timed[name].append(_timed(model, batch, sampling, max_new_tokens))
+        for name, runs in timed.items():
+            walls, decodes, results = zip(*runs)
+            rounds[name].append((sum(walls), sum(decodes), list(results)))
     entries, tokens = {}, {}
-    for name, timed in runs.items():
-        walls, decodes, results = zip(*timed)
-        entries[name], tokens[name] = _entry(target, batch, list(walls), list(decodes), results[-1])
+    for name, timed_rounds in rounds.items():
+        walls, decodes, results = zip(*timed_rounds)
+        entries[name], tokens[name] = _entry(target, batches, list(walls), list(decodes), results[-1])
         bar.update(1)
     return entries, tokens
 
@@ -180,7 +212,11 @@ def main(argv: list[str] | None = None) -> dict:
     transformers_logging.disable_progress_bar()
     bundle = pretrained.load()
     target = bundle.target
-    messages = [prompt.message for prompt in eval_prompts(args.data_dir, spec_per_category=max(1, -(-max(args.concurrency) // 13)))]
+    batches_at = {c: -(-args.rows // c) for c in args.concurrency}
+    needed = max(c * batches_at[c] for c in args.concurrency)
+    messages = [prompt.message for prompt in _across_categories(eval_prompts(args.data_dir, spec_per_category=max(1, -(-needed // 13))))]
+    if len(messages) < needed:
+        raise SystemExit(f"--rows {args.rows} and --concurrency {args.concurrency} need {needed} Spec-Bench prompts, the eval set has {len(messages)}")
     lookup_calibration = CalibrationFile.load(args.lookup_calibration)
     drafters = {
         "shipped": (bundle.drafter, lambda: calibrated_estimator(bundle.drafter.calibration), bundle.drafter.max_draft_tokens),
@@ -194,8 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
             policies = _policies(target, drafter, make_confidence, gamma)
             for mode in args.modes:
                 for c in args.concurrency:
-                    batch = encode_chat(bundle.tokenizer, messages[:c])
-                    entries, tokens = _run_setting(target, policies, batch, MODES[mode], args.max_new_tokens, args.repeats, bar)
+                    batches = [encode_chat(bundle.tokenizer, messages[start : start + c]) for start in range(0, c * batches_at[c], c)]
+                    entries, tokens = _run_setting(target, policies, batches, MODES[mode], args.max_new_tokens, args.repeats, bar)
                     if mode == "greedy":
                         report["mismatches"] += [{"drafter": drafter_name, "c": c, "policy": name} for name in tokens if tokens[name] != tokens["plain"]]
                     plain = entries["plain"]["aggregate_tokens_per_s"]
