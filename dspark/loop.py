@@ -238,7 +238,8 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         # The cost model learns what this step's forward and drafting actually took.
         if observe_step is not None:
             observe_step(rows.numel(), width, verified - drafted)
-        if observe_draft is not None and draft.num_tokens > 0 and verify_context.drafted_rows > 0:
+        # Step 0's drafting also reads the whole prompt's features, a cost paid once per generation, not per pass.
+        if observe_draft is not None and step > 0 and draft.num_tokens > 0 and verify_context.drafted_rows > 0:
             observe_draft(verify_context.drafted_rows, drafted - started)
         if fallback_run is not None:
             fallback_run.observe(records[-1])

@@ -27,6 +27,7 @@ from dspark.cost_models import (
     to_sglang_sps,
 )
 from dspark.cost_models import profiled as profiled_module
+from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.drafters import PromptLookupDrafter
 from dspark.fast_path import REVISION, FastPath
 from dspark.protocols import CostModel
@@ -295,6 +296,7 @@ def test_profile_runs_the_forwards_on_a_given_fast_path(target, tmp_path):
     path = FastPath()
     model = ProfiledCostModel.profile(target, rows=(2,), tokens=(3,), context=4, repeats=1, fast_path=path, cache_dir=tmp_path, progress=False)
     assert model.table.key["fast_path"] is True and model.table.key["fast_path_revision"] == REVISION
+    assert model.table.key["profiling_revision"] == PROFILING_REVISION
     assert 6 in {choice.rows for choice in path.choices()}
 
 
@@ -444,8 +446,36 @@ def test_online_draft_correction_learns_seconds_where_the_base_knows_none():
     assert model.draft_time(4) == pytest.approx(0.03, rel=1e-3) and model.draft_time(1) == pytest.approx(0.01, rel=1e-3)
     assert model.draft_time(8) >= model.draft_time(4)
     scaled = OnlineCorrectedCostModel(ConstantCostModel(draft_seconds=0.01), smoothing=1.0)
-    scaled.observe_draft(2, 0.03)
-    assert scaled.draft_time(2) == pytest.approx(0.03) and scaled.report()["draft_correction"] == pytest.approx(3.0)
+    scaled.observe_draft(2, 0.015)
+    assert scaled.draft_time(2) == pytest.approx(0.015) and scaled.report()["draft_correction"] == pytest.approx(1.5)
+
+
+def test_one_outlier_moves_a_correction_by_at_most_one_plus_smoothing():
+    """A drafting pass 40x the base (a first pass reading the whole prompt) moves the estimate by 1 + α at most; a lasting change is still followed."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005), smoothing=0.1)
+    model.observe_draft(1, 0.2)
+    assert model.draft_time(1) == pytest.approx(0.005 * 1.1)
+    for _ in range(10):
+        model.observe_draft(1, 0.005)
+    assert model.draft_time(1) < 0.005 * 1.04
+    model.observe_step(1, 1, 1e-6)
+    assert model.step_time(1, 1) == pytest.approx(0.03 * 0.95)
+    for _ in range(80):
+        model.observe_step(1, 1, 0.09)
+    assert model.step_time(1, 1) == pytest.approx(0.09, rel=0.01)
+
+
+def test_unobserved_wider_cells_keep_the_profiles_shape():
+    """A cell never observed takes the correction of the widest observed narrower cell of its row bucket, so extra tokens never look free."""
+    base = ProfiledCostModel(CostTable(rows=(1, 2), tokens=(1, 2, 8), step_seconds=((0.030, 0.031, 0.038), (0.040, 0.042, 0.050))))
+    model = OnlineCorrectedCostModel(base, smoothing=1.0)
+    model.observe_step(1, 1, 0.027)  # g and k(1, 1) become 0.9
+    model.observe_step(1, 2, 0.031)  # k(1, 2) = 1
+    model.observe_step(2, 1, 0.036)  # row bucket 2, one token: 0.9
+    assert model.step_correction(1, 5) == pytest.approx(1.0) and model.step_correction(1, 8) == pytest.approx(1.0)
+    assert model.step_correction(2, 5) == pytest.approx(0.9)
+    assert model.step_correction(3, 1) == pytest.approx(model.report()["step_correction"])  # no cell of its row bucket: g
+    assert [model.step_time(1, tokens) for tokens in (2, 4, 8)] == pytest.approx([base.step_time(1, tokens) for tokens in (2, 4, 8)])
 
 
 def test_online_correction_memory_is_bounded():

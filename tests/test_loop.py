@@ -349,3 +349,30 @@ def test_row_fallback_skips_rows_that_do_not_pay_and_reprobes_them(llama):
     for record, rows in zip(result.stats.records, asked):
         skipped = torch.tensor([row not in rows for row in record.rows.tolist()])
         assert int(record.verify_lengths[skipped].sum()) == 0
+
+
+class ObservedCosts(CheapWideningCosts):
+    """CheapWideningCosts that keeps what the loop reports through the online-correction hooks."""
+
+    def __init__(self):
+        object.__setattr__(self, "steps", [])
+        object.__setattr__(self, "drafts", [])
+
+    def observe_step(self, rows, tokens, seconds):
+        self.steps.append((rows, tokens))
+
+    def observe_draft(self, rows, seconds):
+        self.drafts.append(rows)
+
+
+def test_the_first_steps_drafting_is_not_reported_as_a_drafting_pass(llama):
+    """Every step's forward is reported; the drafting of every step but the first (which also reads the prompt's features) is."""
+    input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=6)
+    costs = ObservedCosts()
+    result = dspark.wrap(llama, PromptLookupDrafter(max_ngram=2, min_ngram=1), policy=FixedLength(3), cost_model=costs).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=12, eos_token_id=[]
+    )
+    records = result.stats.records
+    assert costs.steps == [(record.rows.numel(), 1 + int(record.verify_lengths.max())) for record in records]
+    drafting = [record.rows.numel() for record in records[1:] if bool(record.drafted_for.any())]
+    assert len(drafting) >= 4 and costs.drafts == drafting

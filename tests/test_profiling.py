@@ -1,4 +1,4 @@
-"""dspark/cost_models/profiling.py: step timings on a tiny Llama, the grid of cost_curve, bad arguments, the cache between repeats."""
+"""dspark/cost_models/profiling.py: step timings on a tiny Llama, the grid of cost_curve and its passes, bad arguments, the cache between repeats."""
 
 import pytest
 
@@ -34,6 +34,22 @@ def test_cost_curve_covers_the_grid_in_order(model):
     timings = cost_curve(model, rows=(1, 2), tokens=(1, 3), contexts=(0, 4), repeats=1, progress=False)
     assert [(t.context, t.rows, t.tokens) for t in timings] == [(c, r, k) for c in (0, 4) for r in (1, 2) for k in (1, 3)]
     assert all(t.seconds > 0 and t.path == "default" and t.repeats == 1 for t in timings)
+
+
+def test_cost_curve_times_the_grid_in_passes(model):
+    """After a warm-up pass, each pass times every point once (rows, then tokens), so a lasting disturbance lands in one pass."""
+    shapes = []
+
+    def record(module, args, kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        cost_curve(model, rows=(1, 2), tokens=(1, 3), contexts=(4,), repeats=2, progress=False)
+    finally:
+        handle.remove()
+    one_pass = [(1, 1), (1, 3), (2, 1), (2, 3)]
+    assert shapes[1:] == one_pass * 3  # shapes[0] is the one-token forward that reads the cache layout
 
 
 @pytest.mark.parametrize(

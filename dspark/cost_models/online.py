@@ -4,11 +4,18 @@ Notation: t₀(R, T) and d₀(R) are the wrapped (base) model's step and draftin
 T new tokens; a cell is a pair (bucket(R), bucket(T)) with ``bucket(n)`` = n up to 16, else the
 next power of two (``dspark.fast_path.row_bucket``), so the cells, and the memory, stay bounded
 whatever the batch. Each observation of a step that took s seconds where the base predicted
-p = t₀(R, T) > 0 updates its cell's correction k ← k + α·(s/p − k) (exponential smoothing,
+p = t₀(R, T) > 0 updates its cell's correction k ← k + α·(clip(s/p) − k) (exponential smoothing,
 α = ``smoothing``), and the global correction g the same way; a cell's k starts at g the first time
-it is observed, and g at 1. The corrected time of a point in a cell is h = t₀(R, T)·k (g for a
-cell never observed); where the base predicts 0 (a cost model that knows no drafting time), a cell
-instead smooths the observed seconds themselves, and unobserved ones take the global average.
+it is observed, and g at 1. ``clip`` bounds an observation to [k/2, 2k]: one outlier (a pause of the
+process, a drafter's first pass that also reads the whole prompt) moves a correction by at most a
+factor 1 + α, where unbounded it could multiply it many times over and make drafting look too dear
+to ever try again, while a lasting change is still followed, by up to 1 + α per step. The corrected
+time of a point in a cell is h = t₀(R, T)·k; a cell never observed takes the k of the widest
+observed cell of its row bucket with fewer tokens, else g: the profile's shape along tokens is kept
+where nothing says otherwise (a per-row fixed overhead makes narrow cells' k larger, and giving wider
+cells g would flatten the curve, making extra tokens look free). Where the base predicts 0 (a cost
+model that knows no drafting time), a cell instead smooths the observed seconds themselves (bounded
+the same way), and unobserved ones take the global average.
 
 A larger batch must never look cheaper, or a scheduler would verify more than it should, so the
 answer is the cumulative maximum of h over all (R', T') ≤ (R, T). Within a cell the correction
@@ -26,6 +33,7 @@ corrected model learns the whole cost a step's choice incurs, not the bare forwa
 
 from __future__ import annotations
 
+import bisect
 import numbers
 from collections.abc import Callable
 
@@ -50,6 +58,10 @@ def _buckets_up_to(count: int) -> list[int]:
     return buckets
 
 
+#: An observation counts as at most this factor above, or below, the correction it updates.
+_OUTLIER_BOUND = 2.0
+
+
 class _Cell:
     """What one cell (or the whole surface) has learnt: a smoothed ratio observed/predicted, and
     smoothed seconds for points where the base predicts 0."""
@@ -61,9 +73,12 @@ class _Cell:
 
 
 def _smooth(current: float | None, value: float, smoothing: float, start: float | None) -> float:
-    """One step of exponential smoothing from ``current`` (or from ``start``, or ``value`` itself, when there is none yet)."""
+    """One step of exponential smoothing from ``current`` (or from ``start``, or ``value`` itself, when there
+    is none yet), with ``value`` bounded to a factor ``_OUTLIER_BOUND`` of where it starts from."""
     if current is None:
         current = value if start is None else start
+    if current > 0:
+        value = min(max(value, current / _OUTLIER_BOUND), current * _OUTLIER_BOUND)
     return current + smoothing * (value - current)
 
 
@@ -75,6 +90,7 @@ class _CorrectedSurface:
         self.smoothing = smoothing
         self.cells: dict[tuple[int, int], _Cell] = {}
         self.overall = _Cell(ratio=1.0)
+        self._ratio_tokens: dict[int, list[int]] = {}  # per row bucket, the token buckets with a learnt ratio, sorted
         self._answers: dict[tuple[int, int], float] = {}
         self._base_values: dict[tuple[int, int], float] = {}
 
@@ -94,6 +110,8 @@ class _CorrectedSurface:
         predicted = self._base(rows, tokens)
         if predicted > 0:
             ratio = seconds / predicted
+            if cell.ratio is None:
+                bisect.insort(self._ratio_tokens.setdefault(key[0], []), key[1])
             cell.ratio = _smooth(cell.ratio, ratio, self.smoothing, start=self.overall.ratio)
             self.overall.ratio = _smooth(self.overall.ratio, ratio, self.smoothing, start=None)
         else:
@@ -106,11 +124,18 @@ class _CorrectedSurface:
         base = self._base(rows, tokens)
         cell = self.cells.get(key)
         if base > 0:
-            ratio = cell.ratio if cell is not None and cell.ratio is not None else self.overall.ratio
-            return base * ratio
+            return base * self.correction(key, cell)
         if cell is not None and cell.seconds is not None:
             return cell.seconds
         return self.overall.seconds if self.overall.seconds is not None else 0.0
+
+    def correction(self, key: tuple[int, int], cell: _Cell | None) -> float:
+        """The cell's own k, else that of the widest observed cell of its row bucket with fewer tokens, else g."""
+        if cell is not None and cell.ratio is not None:
+            return cell.ratio
+        observed = self._ratio_tokens.get(key[0], [])
+        narrower = bisect.bisect_left(observed, key[1])
+        return self.cells[(key[0], observed[narrower - 1])].ratio if narrower else self.overall.ratio
 
     def __call__(self, rows: int, tokens: int) -> float:
         answer = self._answers.get((rows, tokens))
@@ -175,11 +200,12 @@ class OnlineCorrectedCostModel:
         return self._drafts(rows, 1)
 
     def step_correction(self, rows: int, tokens: int) -> float:
-        """The correction k of the cell holding (``rows``, ``tokens``): the global one g while it is unobserved."""
+        """The correction k applied to the cell holding (``rows``, ``tokens``): its own, else that of the widest
+        observed cell of its row bucket with fewer tokens, else the global one g (module docstring)."""
         check_int("rows", rows, 1)
         check_int("tokens", tokens, 1)
-        cell = self._steps.cells.get((row_bucket(rows), row_bucket(tokens)))
-        return cell.ratio if cell is not None and cell.ratio is not None else self._steps.overall.ratio
+        key = (row_bucket(rows), row_bucket(tokens))
+        return self._steps.correction(key, self._steps.cells.get(key))
 
     def report(self) -> dict:
         """What has been learnt: the global step and drafting corrections and how many cells were observed."""

@@ -42,6 +42,7 @@ import attrs
 import torch
 
 from dspark.checks import check_format, check_int, check_seconds
+from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.cost_models.profiling import cost_curve
 from dspark.fast_path import REVISION as FAST_PATH_REVISION
 from dspark.fast_path import FastPath, on_cpu
@@ -332,8 +333,8 @@ def profile_key(
     target: torch.nn.Module, drafter=None, context: int = 256, repeats: int = 5, fast_path: bool = True, max_draft_tokens: int | None = None
 ) -> dict:
     """What a profiled table's timings depend on: the target (class, name, parameter count), device,
-    dtype, torch threads and version, the measuring settings (with the fast path's ``REVISION`` when it is
-    on), and the drafter (class, parameters, γ).
+    dtype, torch threads and version, the measuring settings (``profiling.REVISION``, and the fast path's
+    ``REVISION`` when it is on), and the drafter (class, parameters, γ).
     Weights' values are left out: a forward's time does not depend on them."""
     weight = target.get_output_embeddings().weight
     name = target.config.name_or_path or "" if hasattr(target, "config") else ""
@@ -346,6 +347,7 @@ def profile_key(
         "torch": torch.__version__,
         "context": context,
         "repeats": repeats,
+        "profiling_revision": PROFILING_REVISION,
         "fast_path": fast_path,
         "fast_path_revision": FAST_PATH_REVISION if fast_path else None,
         "drafter": None if drafter is None else f"{type(drafter).__name__} {_parameter_count(drafter)}",

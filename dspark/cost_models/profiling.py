@@ -6,6 +6,12 @@ plots. A step is timed the way dspark's loop runs it: ``rows`` rows that each al
 ``attention_mask`` and ``position_ids``, and logits are kept for the new positions only. The
 context's keys and values are random (a step's cost does not depend on their values), so a grid
 point costs no prefill; the cache is cropped back after every timed forward.
+
+``cost_curve`` times the grid in passes: an untimed warm-up pass over every point, then ``repeats``
+passes that each time every point once, and each point reports its median over the passes. A
+disturbance that lasts a while (another process, a frequency change) then lands in one pass of many
+points rather than in every repeat of a few consecutive ones, which would give the table a false
+step (a flat stretch a scheduler reads as free tokens); the median drops it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,11 @@ from transformers import DynamicCache
 from dspark.checks import check_int, int_at_least
 from dspark.fast_path import FastPath
 
-__all__ = ["StepTiming", "measure_step_time", "cost_curve"]
+__all__ = ["REVISION", "StepTiming", "measure_step_time", "cost_curve"]
+
+#: How ``cost_curve`` times its grid; part of a profiled table's cache key, so a change in the way of
+#: measuring measures the table again. 2: in passes over the whole grid (1: every repeat of a point in a row).
+REVISION = 2
 
 
 @attrs.frozen
@@ -69,12 +79,11 @@ def _device(model: torch.nn.Module) -> torch.device:
     return model.get_output_embeddings().weight.device
 
 
-def _measure(model, layout, rows: int, tokens: int, context: int, fast_path: FastPath | None, repeats: int) -> StepTiming:
+def _step_inputs(model, rows: int, tokens: int, context: int, cache: DynamicCache, generator: torch.Generator) -> dict:
+    """The forward arguments of one step of ``rows`` × ``tokens`` new tokens after ``context`` cached ones."""
     device = _device(model)
-    generator = torch.Generator().manual_seed(rows * 1_000_003 + tokens * 1009 + context)
-    cache = _random_cache(layout, rows, context, device, generator)
     vocab = model.get_output_embeddings().weight.shape[0]
-    inputs = {
+    return {
         "input_ids": torch.randint(vocab, (rows, tokens), generator=generator).to(device),
         "attention_mask": torch.ones((rows, context + tokens), dtype=torch.long, device=device),
         "position_ids": torch.arange(context, context + tokens, device=device).expand(rows, tokens),
@@ -82,19 +91,33 @@ def _measure(model, layout, rows: int, tokens: int, context: int, fast_path: Fas
         "use_cache": True,
         "logits_to_keep": tokens,
     }
-    seconds = []
+
+
+def _time_forward(model, inputs: dict, fast_path: FastPath | None) -> float:
+    """Seconds of one forward (device work included), after which the cache is cropped back to its context."""
+    device = _device(model)
     with torch.inference_mode():
-        for attempt in range(repeats + 1):  # attempt 0 warms up (and lets the fast path measure new shapes)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
-            with fast_path.active() if fast_path is not None else contextlib.nullcontext():
-                model(**inputs)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if attempt > 0:
-                seconds.append(time.perf_counter() - started)
-            cache.crop(-tokens)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        with fast_path.active() if fast_path is not None else contextlib.nullcontext():
+            model(**inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - started
+        inputs["cache"].crop(-inputs["input_ids"].shape[1])
+    return seconds
+
+
+def _generator(rows: int, tokens: int, context: int) -> torch.Generator:
+    return torch.Generator().manual_seed(rows * 1_000_003 + tokens * 1009 + context)
+
+
+def _measure(model, layout, rows: int, tokens: int, context: int, fast_path: FastPath | None, repeats: int) -> StepTiming:
+    generator = _generator(rows, tokens, context)
+    inputs = _step_inputs(model, rows, tokens, context, _random_cache(layout, rows, context, _device(model), generator), generator)
+    # Attempt 0 warms up (and lets the fast path measure new shapes).
+    seconds = [_time_forward(model, inputs, fast_path) for _ in range(repeats + 1)][1:]
     path = "default" if fast_path is None else "fast"
     return StepTiming(rows=rows, tokens=tokens, context=context, path=path, seconds=statistics.median(seconds), repeats=repeats)
 
@@ -108,15 +131,38 @@ def cost_curve(
     repeats: int = 5,
     progress: bool = True,
 ) -> list[StepTiming]:
-    """``measure_step_time`` over the grid rows × tokens × contexts, with a progress bar when ``progress``."""
+    """One ``StepTiming`` per point of the grid rows × tokens × contexts (contexts outermost), timed in
+    passes (module docstring): a warm-up pass, then ``repeats`` passes of one forward per point, the
+    median per point. One random cache per (context, rows) serves every token count of a pass."""
     rows = [check_int("rows", row_count, 1) for row_count in rows]
     tokens = [check_int("tokens", token_count, 1) for token_count in tokens]
     contexts = [check_int("context", context, 0) for context in contexts]
     check_int("repeats", repeats, 1)
-    grid = [(context, row_count, token_count) for context in contexts for row_count in rows for token_count in tokens]
-    layout = _cache_layout(model, _device(model))
+    device = _device(model)
+    layout = _cache_layout(model, device)
+    seconds: dict[tuple[int, int, int], list[float]] = {(c, r, k): [] for c in contexts for r in rows for k in tokens}
+    bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        grid = tqdm(grid, desc=f"step times ({'fast' if fast_path is not None else 'default'} path)", unit="point")
-    return [_measure(model, layout, row_count, token_count, context, fast_path, repeats) for context, row_count, token_count in grid]
+        bar = tqdm(total=len(seconds) * (repeats + 1), desc=f"step times ({'fast' if fast_path is not None else 'default'} path)", unit="forward")
+    try:
+        for attempt in range(repeats + 1):  # pass 0 warms up (and lets the fast path measure new shapes)
+            for context in contexts:
+                for row_count in rows:
+                    cache = _random_cache(layout, row_count, context, device, _generator(row_count, 0, context))
+                    for token_count in tokens:
+                        inputs = _step_inputs(model, row_count, token_count, context, cache, _generator(row_count, token_count, context))
+                        elapsed = _time_forward(model, inputs, fast_path)
+                        if attempt > 0:
+                            seconds[(context, row_count, token_count)].append(elapsed)
+                        if bar is not None:
+                            bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    path = "default" if fast_path is None else "fast"
+    return [
+        StepTiming(rows=r, tokens=k, context=c, path=path, seconds=statistics.median(times), repeats=repeats)
+        for (c, r, k), times in seconds.items()
+    ]
