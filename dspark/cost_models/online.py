@@ -124,13 +124,14 @@ class _CorrectedSurface:
         base = self._base(rows, tokens)
         cell = self.cells.get(key)
         if base > 0:
-            return base * self.correction(key, cell)
+            return base * self.correction(key)
         if cell is not None and cell.seconds is not None:
             return cell.seconds
         return self.overall.seconds if self.overall.seconds is not None else 0.0
 
-    def correction(self, key: tuple[int, int], cell: _Cell | None) -> float:
-        """The cell's own k, else that of the widest observed cell of its row bucket with fewer tokens, else g."""
+    def correction(self, key: tuple[int, int]) -> float:
+        """The k of cell ``key``: its own, else that of the widest observed cell of its row bucket with fewer tokens, else g."""
+        cell = self.cells.get(key)
         if cell is not None and cell.ratio is not None:
             return cell.ratio
         observed = self._ratio_tokens.get(key[0], [])
@@ -204,8 +205,7 @@ class OnlineCorrectedCostModel:
         observed cell of its row bucket with fewer tokens, else the global one g (module docstring)."""
         check_int("rows", rows, 1)
         check_int("tokens", tokens, 1)
-        key = (row_bucket(rows), row_bucket(tokens))
-        return self._steps.correction(key, self._steps.cells.get(key))
+        return self._steps.correction((row_bucket(rows), row_bucket(tokens)))
 
     def report(self) -> dict:
         """What has been learnt: the global step and drafting corrections and how many cells were observed."""

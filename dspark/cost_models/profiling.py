@@ -17,12 +17,14 @@ step (a flat stretch a scheduler reads as free tokens); the median drops it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import time
 from collections.abc import Iterable
 
 import attrs
 import torch
+from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from dspark.checks import check_int, int_at_least
@@ -141,26 +143,17 @@ def cost_curve(
     device = _device(model)
     layout = _cache_layout(model, device)
     seconds: dict[tuple[int, int, int], list[float]] = {(c, r, k): [] for c in contexts for r in rows for k in tokens}
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(seconds) * (repeats + 1), desc=f"step times ({'fast' if fast_path is not None else 'default'} path)", unit="forward")
-    try:
+    label = f"step times ({'fast' if fast_path is not None else 'default'} path)"
+    with tqdm(total=len(seconds) * (repeats + 1), desc=label, unit="forward", disable=not progress) as bar:
         for attempt in range(repeats + 1):  # pass 0 warms up (and lets the fast path measure new shapes)
-            for context in contexts:
-                for row_count in rows:
-                    cache = _random_cache(layout, row_count, context, device, _generator(row_count, 0, context))
-                    for token_count in tokens:
-                        inputs = _step_inputs(model, row_count, token_count, context, cache, _generator(row_count, token_count, context))
-                        elapsed = _time_forward(model, inputs, fast_path)
-                        if attempt > 0:
-                            seconds[(context, row_count, token_count)].append(elapsed)
-                        if bar is not None:
-                            bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+            for context, row_count in itertools.product(contexts, rows):
+                cache = _random_cache(layout, row_count, context, device, _generator(row_count, 0, context))
+                for token_count in tokens:
+                    inputs = _step_inputs(model, row_count, token_count, context, cache, _generator(row_count, token_count, context))
+                    elapsed = _time_forward(model, inputs, fast_path)
+                    if attempt > 0:
+                        seconds[(context, row_count, token_count)].append(elapsed)
+                    bar.update(1)
     path = "default" if fast_path is None else "fast"
     return [
         StepTiming(rows=r, tokens=k, context=c, path=path, seconds=statistics.median(times), repeats=repeats)
