@@ -10,6 +10,11 @@ target forward:
   unchanged, which is what routing by a mode costs before it does any work (the reason the fast
   path routes ``F.linear`` alone).
 
+And, for ``plain`` and ``fast_path``, what a change of width costs (``*_after_switch_ms``): the median
+of a w-token forward that follows ``--switch-after`` one-token forwards, as a verify step after a run
+of plain steps does (the fallback's probes, a scheduler that verified nothing for a while), against
+the steady cost of w-token forwards in a row (``*_steady_ms``), all on one cache of ``--context`` tokens.
+
     python benchmarks/bench_fast_path.py --tokens 1,2,8 --rounds 15
 """
 
@@ -27,7 +32,7 @@ from tqdm import tqdm
 
 import dspark
 from dspark.benchmarking import write_json
-from dspark.cost_models.profiling import measure_step_time
+from dspark.cost_models.profiling import _cache_layout, _random_cache, _step_inputs, _time_forward, measure_step_time
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
@@ -44,12 +49,39 @@ def _parse_args(argv):
     parser.add_argument("--tokens", default="1,2,8", help="new tokens per forward, comma-separated")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--switch-after", type=int, default=15, help="one-token forwards before each measured change of width")
     parser.add_argument("--output", type=Path, default=RESULTS / "bench_fast_path.json")
     args = parser.parse_args(argv)
     args.tokens = [int(value) for value in args.tokens.split(",")]
-    if min(args.tokens) < 1 or args.rounds < 1 or args.context < 0:
-        parser.error(f"--tokens must be ints >= 1, --rounds >= 1 and --context >= 0, got {args.tokens}, {args.rounds}, {args.context}")
+    if min(args.tokens) < 1 or args.rounds < 1 or args.context < 0 or args.switch_after < 1:
+        parser.error(
+            f"--tokens must be ints >= 1, --rounds and --switch-after >= 1 and --context >= 0, "
+            f"got {args.tokens}, {args.rounds}, {args.switch_after}, {args.context}"
+        )
     return args
+
+
+def _switch_costs(target, fast_path, args) -> dict:
+    """Per width w of ``--tokens``: ``{arm}_steady_ms`` and ``{arm}_after_switch_ms`` (module docstring), medians over
+    ``--rounds`` rounds, the arms interleaved within each round."""
+    layout = _cache_layout(target, target.device)
+    generator = torch.Generator().manual_seed(0)
+    cache = _random_cache(layout, 1, args.context, target.device, generator)
+    inputs = {tokens: _step_inputs(target, 1, tokens, args.context, cache, generator) for tokens in {1, *args.tokens}}
+    paths = {"plain": None, "fast_path": fast_path}
+    times = {(name, tokens, kind): [] for name in paths for tokens in args.tokens for kind in ("steady", "after_switch")}
+    for _ in tqdm(range(args.rounds), desc="changes of width", unit="round"):
+        for tokens in args.tokens:
+            for name, path in paths.items():
+                for _ in range(args.switch_after):
+                    _time_forward(target, inputs[1], path)
+                times[(name, tokens, "after_switch")].append(_time_forward(target, inputs[tokens], path))
+                steady = [_time_forward(target, inputs[tokens], path) for _ in range(4)]
+                times[(name, tokens, "steady")].append(statistics.median(steady[1:]))
+    return {
+        tokens: {f"{name}_{kind}_ms": statistics.median(times[(name, tokens, kind)]) * 1e3 for name in paths for kind in ("steady", "after_switch")}
+        for tokens in args.tokens
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -72,6 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
         for tokens in args.tokens:
             for name, arm in arms.items():
                 seconds[tokens][name].append(arm(tokens))
+    switches = _switch_costs(target, fast_path, args)
     results = {}
     for tokens, by_arm in seconds.items():
         median = {name: statistics.median(values) for name, values in by_arm.items()}
@@ -79,9 +112,13 @@ def main(argv: list[str] | None = None) -> dict:
             **{f"{name}_ms": value * 1e3 for name, value in median.items()},
             "fast_path_speedup": median["plain"] / median["fast_path"],
             "interception_ms": (median["intercepted"] - median["plain"]) * 1e3,
+            **switches[tokens],
         }
         print(f"{tokens} new tokens: plain {median['plain'] * 1e3:.1f} ms, fast path {median['fast_path'] * 1e3:.1f} ms "
-              f"({results[str(tokens)]['fast_path_speedup']:.2f}x), a pass-through TorchFunctionMode adds {results[str(tokens)]['interception_ms']:.1f} ms")
+              f"({results[str(tokens)]['fast_path_speedup']:.2f}x), a pass-through TorchFunctionMode adds {results[str(tokens)]['interception_ms']:.1f} ms; "
+              f"after {args.switch_after} one-token forwards: plain {switches[tokens]['plain_after_switch_ms']:.1f} ms "
+              f"(steady {switches[tokens]['plain_steady_ms']:.1f}), fast path {switches[tokens]['fast_path_after_switch_ms']:.1f} ms "
+              f"(steady {switches[tokens]['fast_path_steady_ms']:.1f})")
     report = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "settings": {**vars(args), "output": str(args.output), "threads": torch.get_num_threads()},

@@ -63,12 +63,16 @@ _COPYING = frozenset({"pretransposed", "packed"})
 _COPYING_ORDER = tuple(name for name in FORMULATIONS if name in _COPYING)
 # Products with more rows than this are compute-bound; F.linear's GEMM is right for them.
 _MAX_TUNED_ROWS = 512
-#: Row counts whose savings decide which weights get copies: a plain step and an 8-token verify step.
-REFERENCE_ROWS = (1, 8)
+#: Row counts whose savings decide which weights get copies: an 8-token verify step (one-row
+#: products never use a copy, see ``FastPath._ranking``).
+REFERENCE_ROWS = (8,)
+# A copy is used only where it was timed this many times faster than the original weight's best.
+_COPY_MARGIN = 1.25
 _CACHE_VERSION = 1
 #: Raised whenever a change to the fast path changes how long forwards take, so that timings measured
 #: on an earlier one (``ProfiledCostModel`` tables) are measured again. 2: F.linear routed alone.
-REVISION = 2
+#: 3: one-row products never use a weight copy.
+REVISION = 3
 # The kernel itself, kept before any routing: inside active() ``F.linear`` is the router.
 _F_LINEAR = F.linear
 
@@ -475,12 +479,28 @@ class FastPath:
         if rows == 0 or rows > _MAX_TUNED_ROWS or input.dtype != weight.dtype:
             return _F_LINEAR(input, weight, bias)
         choice = self.choice(weight.shape[0], weight.shape[1], rows, input.dtype, input.device)
-        for formulation in choice.ranking:
+        for formulation in self._ranking(choice):
             copy = self._copy_for(formulation, weight) if formulation in _COPYING else None
             if formulation not in _COPYING or copy is not None:
                 self._remember_plan(weight, rows, input.dtype, formulation, copy)
                 return _apply(formulation, input.reshape(rows, shape[-1]), weight, bias, copy).reshape(*shape[:-1], weight.shape[0])
         return _F_LINEAR(input, weight, bias)
+
+    @staticmethod
+    def _ranking(choice: LinearChoice) -> list[str]:
+        """The formulations ``linear`` may use at ``choice``'s row count, best first. Each product is
+        timed with its weight in cache; in a forward the weights come from memory, where a layout's
+        timed gain shrinks or vanishes, and a copy used at some widths makes forwards of different
+        widths read different bytes, so each switch of width finds its weights cold (measured on
+        SmolLM2: +3.5 ms on a 33 ms step). So a copy is used only where it was timed at least
+        ``_COPY_MARGIN`` times faster than the original weight's best formulation, and never for one
+        row: a one-row product reads every weight byte once whatever the layout."""
+        original = [name for name in choice.ranking if name not in _COPYING]
+        if choice.rows == 1:
+            return original
+        fastest_original = min(_seconds_of(choice, name) for name in original) if original else math.inf
+        worth = [name for name in choice.ranking if name in _COPYING and _seconds_of(choice, name) * _COPY_MARGIN <= fastest_original]
+        return [name for name in choice.ranking if name in worth or name not in _COPYING]
 
     def _remember_plan(self, weight: torch.Tensor, rows: int, dtype: torch.dtype, formulation: str, copy: torch.Tensor | None) -> None:
         """Keep what ``linear`` chose for ``weight`` at ``rows``; the plans go with the weight (a weak

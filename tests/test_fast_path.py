@@ -83,7 +83,8 @@ def test_each_formulation_equals_f_linear(formulation, problem):
 @given(problem=linear_problems())
 @settings(max_examples=40, deadline=None)
 def test_fast_path_linear_equals_f_linear(formulation, problem):
-    """FastPath.linear on a 1-D, 2-D or 3-D input gives F.linear's shape and values, contiguous, by the chosen formulation."""
+    """FastPath.linear on a 1-D, 2-D or 3-D input gives F.linear's shape and values, contiguous, by the chosen
+    formulation (a copying one only for more than one row)."""
     x, weight, bias = problem
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fast_path, "_seconds", _ranked_first(formulation))
@@ -95,7 +96,7 @@ def test_fast_path_linear_equals_f_linear(formulation, problem):
     assert _tight(result, expected)
     rows = x.numel() // x.shape[-1]
     assert path.choice(*weight.shape, rows, weight.dtype, weight.device).best == formulation
-    assert path.copy_bytes == (weight.numel() * weight.element_size() if formulation in COPYING else 0)
+    assert path.copy_bytes == (weight.numel() * weight.element_size() if formulation in COPYING and rows > 1 else 0)
 
 
 @pytest.mark.parametrize("formulation", FORMULATIONS)
@@ -110,6 +111,39 @@ def test_half_precision_formulations_match_f_linear(formulation, monkeypatch):
     result, expected = path.linear(x, weight), F.linear(x, weight)
     assert result.shape == expected.shape and result.dtype == torch.bfloat16
     assert torch.allclose(result.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("formulation", COPYING)
+def test_one_row_products_never_use_a_copy(formulation, monkeypatch):
+    """A one-row product runs on the original weight even where a reserved copy was timed fastest; two rows use the copy."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first(formulation))
+    layer = torch.nn.Linear(16, 8)
+    path = FastPath(copy_budget=10**6)
+    path.reserve([layer.weight])
+    with path.active():
+        layer(torch.randn(1, 16))
+    assert path.copy_bytes == 0
+    with path.active():
+        layer(torch.randn(2, 16))
+    assert path.copy_bytes == layer.weight.numel() * layer.weight.element_size()
+
+
+@pytest.mark.parametrize("speedup", [1.2, 1.3])
+def test_a_copy_is_used_only_where_it_was_timed_clearly_faster(speedup, monkeypatch):
+    """A reserved copy timed less than _COPY_MARGIN times faster than the original weight's best is not used; one timed faster is."""
+
+    def seconds(function, budget=0.03):
+        return 1.0 / speedup if inspect.getclosurevars(function).nonlocals["formulation"] == "packed" else 1.0
+
+    monkeypatch.setattr(fast_path, "_seconds", seconds)
+    layer = torch.nn.Linear(16, 8)
+    path = FastPath(copy_budget=10**6)
+    path.reserve([layer.weight])
+    x = torch.randn(4, 16)
+    with path.active():
+        routed = layer(x)
+    assert torch.allclose(routed, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert (path.copy_bytes > 0) == (speedup >= fast_path._COPY_MARGIN)
 
 
 def test_inputs_the_fast_path_does_not_tune_go_to_f_linear():
@@ -302,12 +336,12 @@ def test_a_changed_weight_gets_a_fresh_copy(monkeypatch, formulation, change):
 
 
 def test_a_weight_keeps_one_copy_across_row_counts(monkeypatch):
-    """When one row favours the pre-transposed copy and eight rows the packed one, the weight still gets a
+    """When four rows favour the pre-transposed copy and eight rows the packed one, the weight still gets a
     single copy, made once, and every row count stays exact."""
 
     def seconds(function, budget=0.03):
         closure = inspect.getclosurevars(function).nonlocals
-        favourite = "pretransposed" if closure["x"].shape[0] == 1 else "packed"
+        favourite = "pretransposed" if closure["x"].shape[0] == 4 else "packed"
         return 1.0 if closure["formulation"] == favourite else 2.0 + FORMULATIONS.index(closure["formulation"])
 
     monkeypatch.setattr(fast_path, "_seconds", seconds)
@@ -316,10 +350,11 @@ def test_a_weight_keeps_one_copy_across_row_counts(monkeypatch):
     monkeypatch.setattr(fast_path, "_make_copy", lambda formulation, weight: made.append(formulation) or make_copy(formulation, weight))
     layer = torch.nn.Linear(16, 8)
     path = FastPath(copy_budget=10**9)
+    path.tune([layer.weight], rows=(1, 4, 8), progress=False)
     path.reserve([layer.weight])
     made.clear()  # the copies the measurements made
     with path.active():
-        for rows in (1, 8, 1, 8, 1):
+        for rows in (4, 8, 4, 8, 1):
             x = torch.randn(rows, 16)
             assert _tight(layer(x), F.linear(x, layer.weight, layer.bias))
     assert len(made) == 1 and path.copy_bytes == layer.weight.numel() * layer.weight.element_size()
