@@ -238,3 +238,25 @@ def fallback_problems(draw, max_rows: int = 8):
     seconds = st.floats(0.0, 2.0)
     costs = AffineCosts(step=draw(st.floats(0.1, 2.0)), widen=draw(seconds), per_row=draw(seconds), draft_base=draw(seconds), draft_row=draw(seconds))
     return gains, widths, costs
+
+
+@st.composite
+def isotonic_calibrations(draw, max_positions: int = 5, max_knots: int = 8):
+    """(Calibration with one IsotonicMap per position, one to ``max_knots`` + 1 knots each (some equal in float32),
+    survival FloatTensor[R, γ] in [0, 1] with exact 0 and 1, γ possibly beyond the fitted positions)."""
+    from dspark.verify.calibration import Calibration, IsotonicMap
+
+    maps = []
+    for _ in range(draw(st.integers(1, max_positions))):
+        count = draw(st.integers(1, max_knots))
+        knots = sorted(draw(st.lists(st.floats(0.0, 0.9), min_size=count, max_size=count, unique=True)))
+        if draw(st.booleans()):
+            knots.append(knots[-1] + 1e-9)  # equal once cast to float32, as fitted knots can be
+            count += 1
+        values = sorted(draw(st.lists(st.floats(0.0, 1.0), min_size=count, max_size=count)))
+        maps.append(IsotonicMap(knots=knots, values=values))
+    rows, width = draw(st.integers(1, 6)), draw(st.integers(1, max_positions + 2))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    survival = torch.rand((rows, width), generator=generator)
+    survival[0, 0] = float(draw(st.sampled_from([0.0, 1.0, 0.5])))
+    return Calibration("isotonic", maps), survival

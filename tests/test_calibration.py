@@ -29,7 +29,7 @@ from dspark.verify.calibration import (
     reliability_bins,
     roc_auc,
 )
-from tests.strategies import calibration_logs, isotonic_problems, scored_outcomes, survival_and_temperatures
+from tests.strategies import calibration_logs, isotonic_calibrations, isotonic_problems, scored_outcomes, survival_and_temperatures
 
 PROPERTY = settings(max_examples=60, deadline=None, derandomize=True)
 TRUE_TEMPERATURES = (0.5, 2.0, 1.0, 1.5)
@@ -313,6 +313,16 @@ def test_temperature_scaling_preserves_order_within_a_position(case):
 
 
 # ----------------------------------------------------------------------------- isotonic regression
+
+
+@given(case=isotonic_calibrations())
+@settings(max_examples=80, deadline=None)
+def test_isotonic_calibration_applies_each_positions_map(case):
+    """Calibration.apply (all positions in one pass) equals each position's IsotonicMap on its column, the last map past γ."""
+    fitted, survival = case
+    maps = fitted.parameters
+    expected = torch.stack([maps[min(k, len(maps) - 1)](survival[:, k]) for k in range(survival.shape[1])], dim=1)
+    assert torch.allclose(fitted.apply(survival), expected, rtol=0, atol=1e-6)
 
 
 def test_isotonic_fit_by_hand():

@@ -412,6 +412,18 @@ class IsotonicMap:
         return torch.where(x1 > x0, y0 + (x - x0) * (y1 - y0) / span, y1)
 
 
+def _apply_stacked(knots: torch.Tensor, values: torch.Tensor, survival: torch.Tensor) -> torch.Tensor:
+    """Column k of ``survival`` [R, γ] through the map of row k of ``knots``/``values`` [γ, K] (``IsotonicMap``'s
+    rule; a map padded with copies of its last knot reads as the same map), in the knots' dtype."""
+    x = survival.T.to(knots.dtype)
+    x = torch.maximum(torch.minimum(x, knots[:, -1:]), knots[:, :1]).contiguous()
+    upper = torch.searchsorted(knots, x).clamp(1, knots.shape[1] - 1)
+    x0, x1 = knots.gather(1, upper - 1), knots.gather(1, upper)
+    y0, y1 = values.gather(1, upper - 1), values.gather(1, upper)
+    span = torch.where(x1 > x0, x1 - x0, torch.ones_like(x1))
+    return torch.where(x1 > x0, y0 + (x - x0) * (y1 - y0) / span, y1).T
+
+
 def isotonic_fit(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None = None) -> IsotonicMap:
     """The non-decreasing least-squares fit of y on x (pool-adjacent-violators), y a BoolTensor or
     floats, optional positive ``weights``. Equal x are pooled first; each pooled block keeps only its
@@ -480,6 +492,8 @@ class Calibration:
 
     method: str = attrs.field(validator=attrs.validators.in_(METHODS))
     parameters: tuple = attrs.field(converter=tuple, validator=_validate_parameters)
+    # (width, dtype, device) → every position's isotonic knots and values stacked: applied in one pass per step.
+    _stacked: dict = attrs.field(init=False, factory=dict, eq=False, repr=False)
 
     @classmethod
     def fit(cls, log: CalibrationLog, method: str = "temperature", *, grid=None, bins: int = 10, eps: float = EPS) -> Calibration:
@@ -496,9 +510,22 @@ class Calibration:
         if self.method == "temperature":
             return apply_temperatures(survival, self.parameters)
         _check_tensor("survival", survival, 2, "float")
-        maps = _per_position(self.parameters, survival.shape[1])
-        columns = [fitted(survival[:, k]).to(survival.dtype) for k, fitted in enumerate(maps)]
-        return torch.stack(columns, dim=1) if columns else survival.clone()
+        if survival.shape[1] == 0:
+            return survival.clone()
+        knots, values = self._stacked_maps(survival.shape[1], torch.promote_types(survival.dtype, torch.float32), survival.device)
+        return _apply_stacked(knots, values, survival).to(survival.dtype)
+
+    def _stacked_maps(self, width: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """[γ, K ≥ 2] knots and values of the positions' isotonic maps, each padded with its last knot and value."""
+        key = (width, dtype, device)
+        if key not in self._stacked:
+            maps = _per_position(self.parameters, width)
+            longest = max(2, *(len(fitted.knots) for fitted in maps))  # two at least: every point has a segment
+            padded = [
+                [list(sequence) + [sequence[-1]] * (longest - len(sequence)) for sequence in (fitted.knots, fitted.values)] for fitted in maps
+            ]
+            self._stacked[key] = tuple(torch.tensor([pair[index] for pair in padded], dtype=dtype, device=device) for index in (0, 1))
+        return self._stacked[key]
 
     def to_dict(self) -> dict:
         """Plain JSON-safe data; ``from_dict`` reads it back."""
