@@ -2,7 +2,7 @@
 
 Before the first step the drafter's and the estimator's optional ``start`` hooks learn the batch
 (``GenerationStart``), and the policy's row fallback, if it has one, starts a run. Each step: (0) the
-fallback and the per-request caps name the rows worth drafting for, (1) the drafter proposes for them
+fallback and the per-request caps name the rows worth drafting for and how deep, (1) the drafter proposes for them
 (every row's features still reach it), (2) the estimator scores survival,
 (3) the policy picks ℓ_r, (4) the target runs once on [anchor, x_1..x_ℓ] for every row, (5) the
 acceptance rule keeps a prefix and adds one token, (6) the cache keeps accepted slots and the tokens
@@ -25,6 +25,7 @@ from dspark.stats import GenerationResult, GenerationStats, StepRecord
 from dspark.strategy import Strategy
 from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome, VerifyContext
 from dspark.verify.acceptance import greedy_accept, rejection_sample
+from dspark.verify.fallback import draft_depths
 from dspark.verify.warping import warped_probs
 
 __all__ = ["LoopSpec", "run_generation"]
@@ -88,20 +89,21 @@ def _cut(block: torch.Tensor, count: torch.Tensor, budget: torch.Tensor, eos: to
     return count, is_eos.any(dim=1) | (count == budget)
 
 
-def _drafting(run, caps: torch.Tensor | None, host_rows: torch.Tensor) -> torch.Tensor | None:
-    """Step 0: which of this step's rows to draft for (host BoolTensor[R]), None for all of them."""
-    drafting = None if run is None else run.draft_rows(host_rows)
+def _depths(run, caps: torch.Tensor | None, host_rows: torch.Tensor, gamma: int) -> torch.Tensor | None:
+    """Step 0: how many tokens to draft for each of this step's rows (host LongTensor[R], 0: none), from the
+    fallback and the per-request caps (drafting past a cap is never verified); None: γ for every row."""
+    depths = None if run is None else draft_depths(run.draft_rows(host_rows), host_rows.numel(), gamma)
     if caps is not None:
-        capped = caps[host_rows] > 0
-        drafting = capped if drafting is None else drafting & capped
-    return None if drafting is None or bool(drafting.all()) else drafting
+        capped = caps[host_rows].clamp(0, gamma)
+        depths = capped if depths is None else torch.minimum(capped, depths)
+    return None if depths is None or bool((depths == gamma).all()) else depths
 
 
-def _limits(spec: LoopSpec, rows: torch.Tensor, budget: torch.Tensor, drafting: torch.Tensor | None) -> torch.Tensor:
+def _limits(spec: LoopSpec, rows: torch.Tensor, budget: torch.Tensor, depths: torch.Tensor | None) -> torch.Tensor:
     """The most draft tokens each row may have verified: what it may still emit after one more token, its
-    request's cap, and 0 for rows not drafted for."""
+    request's cap, and its draft depth (0 for rows not drafted for)."""
     limits = budget - 1 if spec.draft_caps is None else torch.minimum(budget - 1, spec.draft_caps[rows])
-    return limits if drafting is None else limits * drafting.to(limits.device)
+    return limits if depths is None else torch.minimum(limits, depths.to(limits.device))
 
 
 def _schedule(spec: LoopSpec, draft: Draft, context: VerifyContext, max_draft_tokens: int, limits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -172,16 +174,18 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     if spec.max_new_tokens == 0:
         rows = rows[:0]
 
-    step = 0
+    step, drafted_before = 0, False
     while rows.numel() > 0:
         started = time.perf_counter()
         budget = spec.max_new_tokens - emitted[rows]
-        # 0. The rows worth drafting for (decided on the host from earlier steps only).
-        drafting = _drafting(fallback_run, host_caps, host_rows)
+        # 0. The rows worth drafting for, and how deep (decided on the host from earlier steps only).
+        depths = _depths(fallback_run, host_caps, host_rows, strategy.max_draft_tokens)
+        drafting = None if depths is None or bool((depths > 0).all()) else depths > 0
         drafted_rows, most_left = rows.numel() if drafting is None else int(drafting.sum()), int(budget.max())
+        deepest = strategy.max_draft_tokens if depths is None else int(depths.max())
         # 1. Draft: never more tokens than any row could still emit after its anchor's successor. When the
         # fallback drafts for no row, propose still runs (for 0 tokens) so that stateful drafters read the features.
-        max_draft_tokens = max(min(strategy.max_draft_tokens, most_left - 1), 0) if drafted_rows > 0 else 0
+        max_draft_tokens = max(min(deepest, most_left - 1), 0) if drafted_rows > 0 else 0
         reads_features = drafted_rows == 0 and strategy.max_draft_tokens > 0 and most_left > 1
         context = DraftContext(
             tokens=sequences[rows], begin=begin[rows], end=end[rows], rows=rows, step=step,
@@ -192,7 +196,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
             draft = strategy.drafter.propose(context, max_draft_tokens) if max_draft_tokens > 0 or reads_features else Draft.empty(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
         verify_context = VerifyContext(rows=rows, priority=priority[rows], drafted_rows=drafted_rows if max_draft_tokens > 0 else 0)
-        survival, verify_lengths = _schedule(spec, draft, verify_context, max_draft_tokens, _limits(spec, rows, budget, drafting))
+        survival, verify_lengths = _schedule(spec, draft, verify_context, max_draft_tokens, _limits(spec, rows, budget, depths))
 
         # 4. One target forward over [anchor, x_1..x_ℓ] for every row.
         width = 1 + int(verify_lengths.max())  # a host sync: the drafting time below includes the device's work
@@ -238,9 +242,13 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         # The cost model learns what this step's forward and drafting actually took.
         if observe_step is not None:
             observe_step(rows.numel(), width, verified - drafted)
-        # Step 0's drafting also reads the whole prompt's features, a cost paid once per generation, not per pass.
-        if observe_draft is not None and step > 0 and draft.num_tokens > 0 and verify_context.drafted_rows > 0:
+        # Only a pass that followed a drafting pass teaches the drafting time: one that follows steps with no
+        # drafting (or the prefill, at step 0) also reads every feature column committed since, a cost of
+        # having skipped, which would make steady drafting look dearer than it is.
+        drafted_now = max_draft_tokens > 0 and verify_context.drafted_rows > 0
+        if observe_draft is not None and drafted_now and drafted_before and bool(counts[4].any()):
             observe_draft(verify_context.drafted_rows, drafted - started)
+        drafted_before = drafted_now
         if fallback_run is not None:
             fallback_run.observe(records[-1])
         # 8. Finished rows stop costing compute.

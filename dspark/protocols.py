@@ -100,7 +100,9 @@ class FallbackRun(Protocol):
     on host (CPU) tensors, so the decision costs the loop no device synchronisation."""
 
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor | None:
-        """BoolTensor[R]: draft for row i of this step (``rows``: the batch indices, LongTensor[R]); None: all."""
+        """For each row of this step (``rows``: the batch indices, LongTensor[R]): BoolTensor[R], draft for
+        row i or not; or LongTensor[R], how many tokens to draft for it (0: none; more than γ counts as γ),
+        which also caps its verify length; None: γ tokens for every row."""
         ...
 
     def observe(self, record) -> None:

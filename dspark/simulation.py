@@ -31,6 +31,7 @@ from dspark.checks import check_int
 from dspark.protocols import POLICY_HOOKS, CostModel, VerifyPolicy, hook
 from dspark.stats import StepRecord
 from dspark.types import GenerationStart, SamplingConfig, VerifyContext
+from dspark.verify.fallback import draft_depths
 
 __all__ = ["BlockTrace", "SimulatedRun", "simulate", "synthetic_trace"]
 
@@ -177,8 +178,8 @@ def simulate(
     while active.numel() > 0:
         count = active.numel()
         budget = new_tokens - emitted[active]
-        drafting = torch.full((count,), gamma > 0) if run is None else run.draft_rows(active)
-        drafting = drafting & (budget > 1)
+        depths = torch.full((count,), gamma) if run is None else draft_depths(run.draft_rows(active), count, gamma)
+        drafting = (depths > 0) & (budget > 1)
         drafted_rows = int(drafting.sum())
         survival = torch.zeros((count, gamma))
         limits = torch.zeros(count, dtype=torch.long)
@@ -189,7 +190,7 @@ def simulate(
             block = cursor[row] % trace.survival[stream].shape[0]
             cursor[row] += 1
             survival[index] = trace.survival[stream][block, :gamma]
-            limits[index] = min(int(trace.drafted[stream][block]), gamma, int(budget[index]) - 1)
+            limits[index] = min(int(trace.drafted[stream][block]), int(depths[index]), int(budget[index]) - 1)
             full_accept[index] = trace.accepted[stream][block]
         if drafted_rows > 0:
             context = VerifyContext(rows=active, priority=weights[active], drafted_rows=drafted_rows)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from dspark.protocols import RowFallback
 from dspark.stats import StepRecord
 from dspark.types import GenerationStart, SamplingConfig
-from dspark.verify.fallback import GoodputFallback, best_drafted_rows, drafting_goodput, verified_gain
+from dspark.verify.fallback import GoodputFallback, best_drafted_rows, draft_depths, drafting_goodput, verified_gain
 from tests.strategies import fallback_problems
 
 
@@ -132,7 +132,7 @@ def test_goodput_fallback_is_a_row_fallback():
 def test_rows_are_drafted_until_observed():
     """A fresh run drafts every row: nothing is known about them yet."""
     run = GoodputFallback().start(start(3), Costs(draft_base=10.0))
-    assert run.draft_rows(torch.tensor([0, 1, 2])).tolist() == [True, True, True]
+    assert (run.draft_rows(torch.tensor([0, 1, 2])) > 0).tolist() == [True, True, True]
 
 
 def test_a_row_that_gains_nothing_falls_back_and_is_reprobed_with_back_off():
@@ -142,7 +142,7 @@ def test_a_row_that_gains_nothing_falls_back_and_is_reprobed_with_back_off():
     rows = torch.tensor([0, 1])
     drafted_steps = []
     for step in range(12):
-        drafted = run.draft_rows(rows)
+        drafted = run.draft_rows(rows) > 0
         drafted_steps.append(drafted.tolist())
         observe(run, [0, 1], drafted.tolist(), [3, 3 if drafted[1] else 0], [3, 0])
     row_1 = [step for step, drafted in enumerate(drafted_steps) if drafted[1]]
@@ -157,13 +157,13 @@ def test_a_reprobed_row_that_gains_again_comes_back():
     fallback.prior.update("greedy", 1, torch.tensor([2.0]), torch.tensor([2]))  # an earlier generation gained 2
     run = fallback.start(start(1), Costs(draft_base=0.2))
     rows = torch.tensor([0])
-    assert run.draft_rows(rows).tolist() == [True]
+    assert (run.draft_rows(rows) > 0).tolist() == [True]
     observe(run, [0], [True], [2], [0])
-    assert run.draft_rows(rows).tolist() == [False]
+    assert (run.draft_rows(rows) > 0).tolist() == [False]
     observe(run, [0], [False], [0], [0])
-    assert run.draft_rows(rows).tolist() == [True]  # the probe
+    assert (run.draft_rows(rows) > 0).tolist() == [True]  # the probe
     observe(run, [0], [True], [2], [2])
-    assert run.draft_rows(rows).tolist() == [True] and int(run.interval[0]) == 1
+    assert (run.draft_rows(rows) > 0).tolist() == [True] and int(run.interval[0]) == 1
 
 
 def test_priority_decides_which_row_pays():
@@ -173,7 +173,7 @@ def test_priority_decides_which_row_pays():
         run = GoodputFallback(smoothing=1.0).start(start(2, torch.tensor(priority)), costs)
         run.draft_rows(torch.tensor([0, 1]))
         observe(run, [0, 1], [True, True], [1, 1], [1, 1])
-        assert run.draft_rows(torch.tensor([0, 1])).tolist() == expected
+        assert (run.draft_rows(torch.tensor([0, 1])) > 0).tolist() == expected
 
 
 def test_the_run_follows_a_shrinking_batch():
@@ -181,7 +181,7 @@ def test_the_run_follows_a_shrinking_batch():
     run = GoodputFallback(smoothing=1.0).start(start(3), Costs(draft_base=0.5, draft_row=0.05))
     run.draft_rows(torch.tensor([0, 1, 2]))
     observe(run, [0, 1, 2], [True, True, True], [2, 2, 2], [2, 2, 0])
-    assert run.draft_rows(torch.tensor([0, 2])).tolist() == [True, False]
+    assert (run.draft_rows(torch.tensor([0, 2])) > 0).tolist() == [True, False]
 
 
 def test_what_a_step_without_drafting_still_spends_is_not_counted_as_savings():
@@ -191,11 +191,11 @@ def test_what_a_step_without_drafting_still_spends_is_not_counted_as_savings():
     rows = torch.tensor([0])
     run.draft_rows(rows)
     observe(run, [0], [True], [1], [0])  # g = 0: skipped from now on
-    assert run.draft_rows(rows).tolist() == [False]
+    assert (run.draft_rows(rows) > 0).tolist() == [False]
     run.observe(record([0], [False], [0], [0], draft_seconds=0.2))
     assert run.idle_seconds == pytest.approx(0.2)
     run.gain[0] = 0.1  # as if probes had shown a small gain
-    assert run.draft_rows(rows).tolist() == [True]  # 1.1 / (0.05 + 1) > 1 / 1
+    assert (run.draft_rows(rows) > 0).tolist() == [True]  # 1.1 / (0.05 + 1) > 1 / 1
 
 
 def test_a_new_batch_starts_from_what_earlier_generations_showed_at_its_size():
@@ -206,10 +206,10 @@ def test_a_new_batch_starts_from_what_earlier_generations_showed_at_its_size():
     run = fallback.start(start(2), costs)
     run.draft_rows(torch.tensor([0, 1]))
     observe(run, [0, 1], [True, True], [0, 0], [0, 0])
-    assert fallback.start(start(2), costs).draft_rows(torch.tensor([0, 1])).tolist() == [False, False]
-    assert fallback.start(start(3), costs).draft_rows(torch.tensor([0, 1, 2])).tolist() == [True, True, True]
+    assert fallback.start(start(2), costs).draft_rows(torch.tensor([0, 1])).bool().tolist() == [False, False]
+    assert fallback.start(start(3), costs).draft_rows(torch.tensor([0, 1, 2])).bool().tolist() == [True, True, True]
     sampled = GenerationStart(rows=2, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(do_sample=True))
-    assert fallback.start(sampled, costs).draft_rows(torch.tensor([0, 1])).tolist() == [True, True]
+    assert fallback.start(sampled, costs).draft_rows(torch.tensor([0, 1])).bool().tolist() == [True, True]
 
 
 def test_the_gain_of_a_step_is_the_expected_acceptance_of_what_was_verified():
@@ -231,8 +231,62 @@ def test_rows_are_not_reprobed_where_no_row_ever_gained_enough():
     observe(run, [0, 1], [True, True], [0, 0], [0, 0])
     drafted = []
     for _ in range(6):
-        drafted.append(run.draft_rows(rows).tolist())
+        drafted.append((run.draft_rows(rows) > 0).tolist())
         observe(run, [0, 1], drafted[-1], [0, 0], [0, 0])
     assert drafted == [[False, False]] * 6
     fallback.prior.update("greedy", 2, torch.tensor([3.0]), torch.tensor([3]))
-    assert run.draft_rows(rows).tolist() == [True, True]
+    assert (run.draft_rows(rows) > 0).tolist() == [True, True]
+
+
+@attrs.frozen
+class CountingFallback(GoodputFallback):
+    """GoodputFallback that counts how often its rule is evaluated."""
+
+    calls: list = attrs.field(factory=list, eq=False)
+
+    def choose(self, *arguments):
+        self.calls.append(1)
+        return super().choose(*arguments)
+
+
+def test_a_choice_to_draft_nothing_stands_until_what_it_read_changes():
+    """Once no row is worth drafting, later steps reuse that choice without evaluating the rule, until the idle
+    time or the prior changes or a row is due a probe; then the rule is evaluated again."""
+    fallback = CountingFallback(smoothing=1.0, probe_after=8)
+    run = fallback.start(start(2), Costs(draft_row=0.3))
+    rows = torch.tensor([0, 1])
+
+    def step():
+        drafting = (run.draft_rows(rows) > 0).tolist()
+        observe(run, [0, 1], drafting, [1 if drafted else 0 for drafted in drafting], [0, 0])
+        return drafting
+
+    assert step() == [True, True]  # nothing known yet; g = 0 from now on
+    assert step() == [False, False]  # this step also learns the idle time
+    fallback.calls.clear()
+    assert [step() for _ in range(3)] == [[False, False]] * 3 and len(fallback.calls) == 1
+    fallback.prior.update("greedy", 2, torch.tensor([5.0]), torch.tensor([1]))
+    assert [step() for _ in range(3)] == [[False, False]] * 3 and len(fallback.calls) == 2
+    # due after 8 skipped steps, and a probe could now pay
+    assert [step() for _ in range(2)] == [[False, False], [True, True]] and len(fallback.calls) >= 3
+
+
+def test_draft_depths_reads_every_form_of_answer():
+    """None is γ for every row, a BoolTensor γ or 0, an integer tensor its values clamped to 0..γ; anything else is refused."""
+    assert draft_depths(None, 3, 4).tolist() == [4, 4, 4]
+    assert draft_depths(torch.tensor([True, False, True]), 3, 4).tolist() == [4, 0, 4]
+    assert draft_depths(torch.tensor([2, 0, 9]), 3, 4).tolist() == [2, 0, 4]
+    for bad in (torch.tensor([0.5, 1.0, 2.0]), torch.tensor([1, 2]), [1, 2, 3]):
+        with pytest.raises(TypeError, match="draft_rows"):
+            draft_depths(bad, 3, 4)
+
+
+@pytest.mark.parametrize("margin", [0, 1, 2, None])
+def test_a_drafted_row_is_drafted_as_deep_as_it_has_been_verified_plus_the_margin(margin):
+    """Depth ⌈λ_r⌉ + depth_margin, at least 1 and at most γ; γ for a row never observed or with depth_margin None."""
+    run = GoodputFallback(smoothing=1.0, depth_margin=margin).start(start(3), Costs())
+    rows = torch.tensor([0, 1, 2])
+    assert run.draft_rows(rows).tolist() == [4, 4, 4]
+    run.observe(record([0, 1], [True, True], [1, 2], [1, 1], survival=torch.full((2, 4), 0.9)))
+    expected = [4, 4, 4] if margin is None else [max(1, min(4, 1 + margin)), min(4, 2 + margin), 4]
+    assert run.draft_rows(rows).tolist() == expected

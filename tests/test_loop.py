@@ -365,14 +365,108 @@ class ObservedCosts(CheapWideningCosts):
         self.drafts.append(rows)
 
 
-def test_the_first_steps_drafting_is_not_reported_as_a_drafting_pass(llama):
-    """Every step's forward is reported; the drafting of every step but the first (which also reads the prompt's features) is."""
+class SkipSteps:
+    """A row fallback that drafts for no row at the given steps and for every row otherwise."""
+
+    def __init__(self, skipped):
+        self.skipped = skipped
+
+    def start(self, generation, cost_model):
+        return SkipStepsRun(self.skipped)
+
+
+class SkipStepsRun:
+    def __init__(self, skipped):
+        self.skipped, self.step = skipped, 0
+
+    def draft_rows(self, rows):
+        drafting = torch.full((rows.numel(),), self.step not in self.skipped)
+        self.step += 1
+        return drafting
+
+    def observe(self, record):
+        pass
+
+
+@attrs.frozen
+class VerifyAllWithSkips:
+    """Verify every drafted token; draft for no row at the steps of ``row_fallback``."""
+
+    row_fallback: SkipSteps
+    max_draft_tokens: int = 3
+
+    def lengths(self, survival, cost_model, limits):
+        return limits.clamp_max(self.max_draft_tokens)
+
+
+def test_only_drafting_that_follows_drafting_is_reported(llama):
+    """Every step's forward is reported; a step's drafting only when the step before it drafted too (the first
+    step also reads the prompt's features, and a step after skipped ones reads theirs)."""
     input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=6)
     costs = ObservedCosts()
-    result = dspark.wrap(llama, PromptLookupDrafter(max_ngram=2, min_ngram=1), policy=FixedLength(3), cost_model=costs).generate(
+    policy = VerifyAllWithSkips(SkipSteps({2, 3, 6}))
+    result = dspark.wrap(llama, PromptLookupDrafter(max_ngram=2, min_ngram=1), policy=policy, cost_model=costs).generate(
         input_ids, attention_mask=attention_mask, max_new_tokens=12, eos_token_id=[]
     )
     records = result.stats.records
     assert costs.steps == [(record.rows.numel(), 1 + int(record.verify_lengths.max())) for record in records]
-    drafting = [record.rows.numel() for record in records[1:] if bool(record.drafted_for.any())]
-    assert len(drafting) >= 4 and costs.drafts == drafting
+    asked = [bool(record.drafted_for.any()) for record in records]
+    assert asked[:8] == [True, True, False, False, True, True, False, True]
+    reported = [
+        record.rows.numel() for before, now, record in zip(asked, asked[1:], records[1:]) if before and now and int(record.drafted.max()) > 0
+    ]
+    assert len(reported) >= 3 and costs.drafts == reported
+
+
+class DepthRecordingDrafter(PromptLookupDrafter):
+    """Prompt lookup that records how many tokens each step asked it for."""
+
+    def start(self, start):
+        self.depths = []
+
+    def propose(self, context, max_draft_tokens):
+        self.depths.append(max_draft_tokens)
+        return super().propose(context, max_draft_tokens)
+
+
+class FixedDepths:
+    """A row fallback that drafts row i of the batch for ``depths[i]`` tokens at every step."""
+
+    def __init__(self, depths):
+        self.depths = depths
+
+    def start(self, generation, cost_model):
+        return self
+
+    def draft_rows(self, rows):
+        return torch.tensor(self.depths)[rows]
+
+    def observe(self, record):
+        pass
+
+
+@attrs.frozen
+class VerifyAllAtDepths:
+    """Verify every drafted token; draft as deep as ``row_fallback`` says."""
+
+    row_fallback: FixedDepths
+    max_draft_tokens: int = 4
+
+    def lengths(self, survival, cost_model, limits):
+        return limits
+
+
+def test_draft_depths_bound_the_draft_and_each_rows_verify_length(llama):
+    """A fallback's per-row depths: the drafter is asked for the deepest, each row verifies at most its own depth, and a
+    request's cap bounds the depth too; greedy output is still model.generate's."""
+    input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=7)
+    drafter = DepthRecordingDrafter(max_ngram=2, min_ngram=1)
+    depths = [2, 0, 3, 1]
+    model = dspark.wrap(llama, drafter, policy=VerifyAllAtDepths(FixedDepths(depths)), cost_model=CheapWideningCosts())
+    result = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=16, eos_token_id=[], max_draft_tokens_per_row=torch.tensor([4, 4, 1, 4]))
+    expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(result.sequences, expected)
+    assert max(drafter.depths) == 2  # row 2's depth 3 is cut to its cap 1, so row 0's 2 is the deepest
+    for record in result.stats.records:
+        bound = torch.tensor([2, 0, 1, 1])[record.rows]
+        assert bool((record.verify_lengths <= bound).all())

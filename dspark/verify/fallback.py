@@ -47,7 +47,20 @@ from dspark.stats import StepRecord
 from dspark.types import GenerationStart
 from dspark.verify.calibration import band_of
 
-__all__ = ["GainPrior", "GoodputFallback", "GoodputFallbackRun", "best_drafted_rows", "drafting_goodput", "verified_gain"]
+__all__ = ["GainPrior", "GoodputFallback", "GoodputFallbackRun", "best_drafted_rows", "draft_depths", "drafting_goodput", "verified_gain"]
+
+
+def draft_depths(answer: torch.Tensor | None, rows: int, max_draft_tokens: int) -> torch.Tensor:
+    """A ``FallbackRun.draft_rows`` answer as host LongTensor[R] of draft depths in 0..γ: None gives γ for every
+    row, a BoolTensor γ or 0 per row, an integer tensor its values clamped to 0..γ."""
+    if answer is None:
+        return torch.full((rows,), max_draft_tokens, dtype=torch.long)
+    if not isinstance(answer, torch.Tensor) or answer.is_floating_point() or answer.is_complex() or tuple(answer.shape) != (rows,):
+        raise TypeError(f"FallbackRun.draft_rows must return None, a BoolTensor[{rows}] or an integer tensor [{rows}], got {answer!r}")
+    answer = answer.cpu()
+    if answer.dtype == torch.bool:
+        return answer.long() * max_draft_tokens
+    return answer.long().clamp(0, max_draft_tokens)
 
 
 def verified_gain(record: StepRecord) -> torch.Tensor:
@@ -113,6 +126,7 @@ class GainPrior:
         self.smoothing = smoothing
         self.estimates: dict[tuple[str, int], tuple[float, float]] = {}
         self.ceilings: dict[tuple[str, int], tuple[float, float]] = {}
+        self.version = 0  # counts updates, so that a run can tell the prior has changed
 
     def get(self, band: str, rows: int) -> tuple[float, float] | None:
         """(g, λ) in this band at this batch size, None before any drafted row was observed there."""
@@ -125,6 +139,7 @@ class GainPrior:
     def update(self, band: str, rows: int, gains: torch.Tensor, verify_lengths: torch.Tensor) -> None:
         """Smooth in the mean outcome of one step's drafted rows of a batch of ``rows`` rows; raise the ceiling."""
         observed = (float(gains.double().mean()), float(verify_lengths.double().mean()))
+        self.version += 1
         key = (band, _size_bucket(rows))
         known = self.estimates.get(key)
         self.estimates[key] = observed if known is None else tuple(old + self.smoothing * (new - old) for old, new in zip(known, observed))
@@ -142,11 +157,17 @@ class GoodputFallback:
 
     ``prior``: what earlier generations showed per batch size (module docstring), shared by every run.
 
+    ``depth_margin``: a drafted row gets ⌈λ_r⌉ + ``depth_margin`` tokens (at least 1, at most γ), as many as
+    the scheduler has been verifying for it and that many more, so that it can verify more when the
+    survival says so; the rest of a γ-token block would cost drafting time and never be verified. A row
+    with no λ_r yet gets γ. None drafts γ for every drafted row.
+
     Subclass and override ``choose`` to change the rule while keeping the bookkeeping and the probes."""
 
     smoothing: float = attrs.field(default=0.3)
     probe_after: int = attrs.field(default=8, validator=int_at_least(1))
     max_probe_interval: int = attrs.field(default=64, validator=int_at_least(1))
+    depth_margin: int | None = attrs.field(default=1, validator=int_at_least(0, optional=True))
     prior: GainPrior = attrs.field(factory=GainPrior, eq=False, repr=False, validator=attrs.validators.instance_of(GainPrior))
 
     def __attrs_post_init__(self):
@@ -176,6 +197,7 @@ class GoodputFallbackRun:
     def __init__(self, fallback: GoodputFallback, generation: GenerationStart, cost_model: CostModel):
         batch = generation.rows
         self.fallback, self.cost_model, self.band = fallback, cost_model, band_of(generation.sampling)
+        self.max_draft_tokens = generation.max_draft_tokens
         self.priority = torch.ones(batch, dtype=torch.float64) if generation.priority is None else generation.priority.detach().double().cpu()
         self.gain = torch.zeros(batch, dtype=torch.float64)
         self.verify = torch.zeros(batch, dtype=torch.float64)
@@ -183,14 +205,21 @@ class GoodputFallbackRun:
         self.skipped = torch.zeros(batch, dtype=torch.long)
         self.interval = torch.full((batch,), fallback.probe_after, dtype=torch.long)
         self.idle_seconds: float | None = None
+        # What the last choice that drafted for no row read, besides estimates a skipped row cannot change:
+        # while it holds, that choice stands (the cost model's small corrections wait until it changes).
+        self._idle_key: tuple | None = None
 
     def avoidable_draft_time(self, rows: int) -> float:
         """D(k): what drafting ``rows`` rows adds to a step that drafts for none (module docstring)."""
         return max(self.cost_model.draft_time(rows) - (self.idle_seconds or 0.0), 0.0)
 
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """BoolTensor[R]: the rows in the best predicted set, the rows never observed (when earlier
-        generations say nothing about this batch size), and the rows due a probe."""
+        """LongTensor[R] of draft depths, 0 for rows not drafted: the rows in the best predicted set, the rows
+        never observed (when earlier generations say nothing about this batch size), and the rows due a
+        probe get ``depth``."""
+        key = self._choice_key(rows)
+        if key == self._idle_key:
+            return torch.zeros(rows.numel(), dtype=torch.long)
         prior = self.fallback.prior.get(self.band, rows.numel())
         new = rows[~self.observed[rows]]
         if prior is not None and new.numel() > 0:
@@ -211,7 +240,23 @@ class GoodputFallbackRun:
         backed_off = rows[probes & observed]
         self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(self.fallback.max_probe_interval)
         self.interval[rows[chosen]] = self.fallback.probe_after
-        return chosen | probes
+        drafting = chosen | probes
+        self._idle_key = None if bool(drafting.any()) else self._choice_key(rows)
+        return torch.where(drafting, self.depth(rows), 0)
+
+    def depth(self, rows: torch.Tensor) -> torch.Tensor:
+        """LongTensor[R]: how many tokens to draft for each of ``rows`` if drafted (``depth_margin``)."""
+        margin, gamma = self.fallback.depth_margin, self.max_draft_tokens
+        if margin is None:
+            return torch.full((rows.numel(),), gamma, dtype=torch.long)
+        by_verified = (self.verify[rows] - 1e-9).ceil().long() + margin
+        return torch.where(self.observed[rows], by_verified.clamp(1, gamma), gamma)
+
+    def _choice_key(self, rows: torch.Tensor) -> tuple:
+        """The batch, the rows due a probe, the idle time and the prior's version: with the skipped rows'
+        estimates, everything a choice that drafts for no row reads that can change between steps."""
+        due = self.skipped[rows] >= self.interval[rows]
+        return tuple(rows.tolist()), tuple(due.tolist()), self.idle_seconds, self.fallback.prior.version
 
     def _a_probe_could_pay(self, rows: torch.Tensor) -> bool:
         """Whether drafting one row that gains as much as the best row ever did here would pay (True when
