@@ -11,9 +11,10 @@ the weights once, whatever the row count. On CPU builds of PyTorch it often is n
 * ``pretransposed``: ``x (Wᵀ)`` against a contiguous copy of Wᵀ;
 * ``packed``: oneDNN's linear against a copy of W packed into its blocked layout.
 
-A :class:`FastPath` picks per (out, in, row bucket, dtype, device) the fastest one that agrees
-with ``F.linear`` to float rounding, caches the choice on disk (one file per PyTorch build,
-processor and thread count), and routes calls through it only inside :meth:`FastPath.active`:
+A :class:`FastPath` times them per (out, in, row bucket, dtype, device), keeps those that agree
+with ``F.linear`` to float rounding, caches the ranking on disk (one file per PyTorch build,
+processor and thread count), uses another formulation than ``F.linear`` only where it was timed
+clearly faster (``FastPath._ranking``), and routes calls through it only inside :meth:`FastPath.active`:
 the model is never modified and outside that block ``model.generate`` runs as before. The two copying formulations hold a copy of the weight; the copies live in the
 ``FastPath``, never on the model, go only to weights granted by ``reserve`` (by measured gain per
 byte), and their total stays within ``copy_budget`` bytes.
@@ -66,12 +67,12 @@ _MAX_TUNED_ROWS = 512
 #: Row counts whose savings decide which weights get copies: an 8-token verify step (one-row
 #: products never use a copy, see ``FastPath._ranking``).
 REFERENCE_ROWS = (8,)
-# A copy is used only where it was timed this many times faster than the original weight's best.
-_COPY_MARGIN = 1.25
+# Another formulation replaces F.linear only where it was timed this many times faster (FastPath._ranking).
+_MARGIN = 1.25
 _CACHE_VERSION = 1
 #: Raised whenever a change to the fast path changes how long forwards take, so that timings measured
 #: on an earlier one (``ProfiledCostModel`` tables) are measured again. 2: F.linear routed alone.
-#: 3: one-row products never use a weight copy.
+#: 3: F.linear unless another formulation was timed 1.25x faster, and no copy for one row.
 REVISION = 3
 # The kernel itself, kept before any routing: inside active() ``F.linear`` is the router.
 _F_LINEAR = F.linear
@@ -474,6 +475,8 @@ class FastPath:
         entry = self._plans.get(id(weight))
         if entry is not None and entry[0]() is weight:
             plan = entry[1].get((rows, input.dtype))
+            if plan is not None and plan[1] == "linear":
+                return _F_LINEAR(input, weight, bias)  # the kernel itself: no reshaping on the way
             if plan is not None and (plan[0] is None or plan[0] == (weight._version, weight.data_ptr())):
                 return _apply(plan[1], input.reshape(rows, shape[-1]), weight, bias, plan[2]).reshape(*shape[:-1], weight.shape[0])
         if rows == 0 or rows > _MAX_TUNED_ROWS or input.dtype != weight.dtype:
@@ -488,19 +491,21 @@ class FastPath:
 
     @staticmethod
     def _ranking(choice: LinearChoice) -> list[str]:
-        """The formulations ``linear`` may use at ``choice``'s row count, best first. Each product is
-        timed with its weight in cache; in a forward the weights come from memory, where a layout's
-        timed gain shrinks or vanishes, and a copy used at some widths makes forwards of different
-        widths read different bytes, so each switch of width finds its weights cold (measured on
-        SmolLM2: +3.5 ms on a 33 ms step). So a copy is used only where it was timed at least
-        ``_COPY_MARGIN`` times faster than the original weight's best formulation, and never for one
-        row: a one-row product reads every weight byte once whatever the layout."""
-        original = [name for name in choice.ranking if name not in _COPYING]
-        if choice.rows == 1:
-            return original
-        fastest_original = min(_seconds_of(choice, name) for name in original) if original else math.inf
-        worth = [name for name in choice.ranking if name in _COPYING and _seconds_of(choice, name) * _COPY_MARGIN <= fastest_original]
-        return [name for name in choice.ranking if name in worth or name not in _COPYING]
+        """The formulations ``linear`` may use at ``choice``'s row count, best first: ``F.linear`` itself
+        unless another was timed at least ``_MARGIN`` times faster, and never a copy for one row.
+
+        Each product is timed alone with its weight in cache. In a forward the weights come from
+        memory, where a formulation's timed edge shrinks or vanishes while its extra operations (a
+        transpose, a contiguous copy) still cost their overhead; and a copy used at some row counts
+        makes forwards of different widths read different bytes, so each switch of width finds its
+        weights cold (on SmolLM2 here: +3.5 ms on a 33 ms step, ``bench_fast_path.py``). A one-row
+        product reads every weight byte once whatever the layout, so a copy cannot help it."""
+        kernel = _seconds_of(choice, "linear")
+        allowed = [
+            name for name in choice.ranking
+            if name == "linear" or (_seconds_of(choice, name) * _MARGIN <= kernel and not (choice.rows == 1 and name in _COPYING))
+        ]
+        return allowed if "linear" in allowed else allowed + ["linear"]
 
     def _remember_plan(self, weight: torch.Tensor, rows: int, dtype: torch.dtype, formulation: str, copy: torch.Tensor | None) -> None:
         """Keep what ``linear`` chose for ``weight`` at ``rows``; the plans go with the weight (a weak

@@ -128,22 +128,27 @@ def test_one_row_products_never_use_a_copy(formulation, monkeypatch):
     assert path.copy_bytes == layer.weight.numel() * layer.weight.element_size()
 
 
+@pytest.mark.parametrize("formulation", ["transposed", *COPYING])
 @pytest.mark.parametrize("speedup", [1.2, 1.3])
-def test_a_copy_is_used_only_where_it_was_timed_clearly_faster(speedup, monkeypatch):
-    """A reserved copy timed less than _COPY_MARGIN times faster than the original weight's best is not used; one timed faster is."""
+def test_another_formulation_replaces_f_linear_only_where_it_was_timed_clearly_faster(formulation, speedup, monkeypatch):
+    """A formulation timed less than _MARGIN times faster than F.linear is not used (F.linear is); one timed faster is."""
 
     def seconds(function, budget=0.03):
-        return 1.0 / speedup if inspect.getclosurevars(function).nonlocals["formulation"] == "packed" else 1.0
+        return 1.0 / speedup if inspect.getclosurevars(function).nonlocals["formulation"] == formulation else 1.0
 
     monkeypatch.setattr(fast_path, "_seconds", seconds)
     layer = torch.nn.Linear(16, 8)
     path = FastPath(copy_budget=10**6)
+    path.tune([layer.weight], rows=(4, 8), progress=False)
     path.reserve([layer.weight])
+    used = []  # the measurements are done: from here on, the formulations the forward uses
+    apply = fast_path._apply
+    monkeypatch.setattr(fast_path, "_apply", lambda name, *arguments: used.append(name) or apply(name, *arguments))
     x = torch.randn(4, 16)
     with path.active():
         routed = layer(x)
     assert torch.allclose(routed, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    assert (path.copy_bytes > 0) == (speedup >= fast_path._COPY_MARGIN)
+    assert used == ([formulation] if speedup >= fast_path._MARGIN else ["linear"])
 
 
 def test_inputs_the_fast_path_does_not_tune_go_to_f_linear():
