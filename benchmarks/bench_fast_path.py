@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"(steady {switches[tokens]['fast_path_steady_ms']:.1f})")
     report = {
         "command": shlex.join([sys.executable, *sys.argv]),
-        "settings": {**vars(args), "output": str(args.output), "threads": torch.get_num_threads()},
+        "settings": {**vars(args), "output": str(args.output), "threads": torch.get_num_threads(), "fast_path_revision": dspark.fast_path.REVISION},
         "results": results,
     }
     write_json(args.output, report)
