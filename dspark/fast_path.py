@@ -498,7 +498,7 @@ class FastPath:
         memory, where a formulation's timed edge shrinks or vanishes while its extra operations (a
         transpose, a contiguous copy) still cost their overhead; and a copy used at some row counts
         makes forwards of different widths read different bytes, so each switch of width finds its
-        weights cold (on SmolLM2 here: +3.5 ms on a 33 ms step, ``bench_fast_path.py``). A one-row
+        weights cold (docs/fast_path.rst, "Timed alone, used in a forward"). A one-row
         product reads every weight byte once whatever the layout, so a copy cannot help it."""
         kernel = _seconds_of(choice, "linear")
         allowed = [
