@@ -2,8 +2,8 @@
 
 Before the first step the drafter's and the estimator's optional ``start`` hooks learn the batch
 (``GenerationStart``), and the policy's row fallback, if it has one, starts a run. Each step: (0) the
-fallback and the per-request caps name the rows worth drafting for and how deep, (1) the drafter proposes for them
-(every row's features still reach it), (2) the estimator scores survival,
+fallback and the per-request caps name the rows worth drafting for and how deep, (1) the drafter
+proposes for them (every row's features still reach it), (2) the estimator scores survival,
 (3) the policy picks ℓ_r, (4) the target runs once on [anchor, x_1..x_ℓ] for every row, (5) the
 acceptance rule keeps a prefix and adds one token, (6) the cache keeps accepted slots and the tokens
 are written out, (7) the drafter (and an estimator that scored this step) observe the outcome,

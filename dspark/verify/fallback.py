@@ -24,6 +24,10 @@ earlier steps' outcomes and cannot bias the sampled law. A skipped row learns no
 re-probed (drafted once regardless) after ``probe_after`` skipped steps; each probe that does not bring
 it back doubles its wait, up to ``max_probe_interval``; a row the estimate brings back starts over.
 
+A drafted row is drafted ⌈λ_r⌉ + ``depth_margin`` tokens deep (``GoodputFallbackRun.depth``): the run
+answers with per-row depths, and the loop asks the drafter for no more than the deepest, so a scheduler
+that verifies one token a step does not pay for drafting γ.
+
 A row's first estimate is the gain drafted rows have shown at this batch size and sampling band in
 earlier generations (``GainPrior``, kept by the ``GoodputFallback``): what a drafting pass gains depends
 on how much the scheduler verifies, which depends on R, and probing every row of a new batch costs a
