@@ -365,34 +365,29 @@ class ObservedCosts(CheapWideningCosts):
         self.drafts.append(rows)
 
 
-class SkipSteps:
-    """A row fallback that drafts for no row at the given steps and for every row otherwise."""
+class ScriptedFallback:
+    """A row fallback, its own run, that answers ``script(step, rows)`` at each step of a generation."""
 
-    def __init__(self, skipped):
-        self.skipped = skipped
+    def __init__(self, script):
+        self.script, self.step = script, 0
 
     def start(self, generation, cost_model):
-        return SkipStepsRun(self.skipped)
-
-
-class SkipStepsRun:
-    def __init__(self, skipped):
-        self.skipped, self.step = skipped, 0
+        self.step = 0
+        return self
 
     def draft_rows(self, rows):
-        drafting = torch.full((rows.numel(),), self.step not in self.skipped)
         self.step += 1
-        return drafting
+        return self.script(self.step - 1, rows)
 
     def observe(self, record):
         pass
 
 
 @attrs.frozen
-class VerifyAllWithSkips:
-    """Verify every drafted token; draft for no row at the steps of ``row_fallback``."""
+class VerifyAll:
+    """Verify every drafted token, up to ``max_draft_tokens``; draft as ``row_fallback`` says."""
 
-    row_fallback: SkipSteps
+    row_fallback: ScriptedFallback
     max_draft_tokens: int = 3
 
     def lengths(self, survival, cost_model, limits):
@@ -404,7 +399,7 @@ def test_only_drafting_that_follows_drafting_is_reported(llama):
     step also reads the prompt's features, and a step after skipped ones reads theirs)."""
     input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=6)
     costs = ObservedCosts()
-    policy = VerifyAllWithSkips(SkipSteps({2, 3, 6}))
+    policy = VerifyAll(ScriptedFallback(lambda step, rows: torch.full((rows.numel(),), step not in {2, 3, 6})))
     result = dspark.wrap(llama, PromptLookupDrafter(max_ngram=2, min_ngram=1), policy=policy, cost_model=costs).generate(
         input_ids, attention_mask=attention_mask, max_new_tokens=12, eos_token_id=[]
     )
@@ -429,40 +424,13 @@ class DepthRecordingDrafter(PromptLookupDrafter):
         return super().propose(context, max_draft_tokens)
 
 
-class FixedDepths:
-    """A row fallback that drafts row i of the batch for ``depths[i]`` tokens at every step."""
-
-    def __init__(self, depths):
-        self.depths = depths
-
-    def start(self, generation, cost_model):
-        return self
-
-    def draft_rows(self, rows):
-        return torch.tensor(self.depths)[rows]
-
-    def observe(self, record):
-        pass
-
-
-@attrs.frozen
-class VerifyAllAtDepths:
-    """Verify every drafted token; draft as deep as ``row_fallback`` says."""
-
-    row_fallback: FixedDepths
-    max_draft_tokens: int = 4
-
-    def lengths(self, survival, cost_model, limits):
-        return limits
-
-
 def test_draft_depths_bound_the_draft_and_each_rows_verify_length(llama):
     """A fallback's per-row depths: the drafter is asked for the deepest, each row verifies at most its own depth, and a
     request's cap bounds the depth too; greedy output is still model.generate's."""
     input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS, seed=7)
     drafter = DepthRecordingDrafter(max_ngram=2, min_ngram=1)
-    depths = [2, 0, 3, 1]
-    model = dspark.wrap(llama, drafter, policy=VerifyAllAtDepths(FixedDepths(depths)), cost_model=CheapWideningCosts())
+    policy = VerifyAll(ScriptedFallback(lambda step, rows: torch.tensor([2, 0, 3, 1])[rows]), max_draft_tokens=4)
+    model = dspark.wrap(llama, drafter, policy=policy, cost_model=CheapWideningCosts())
     result = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=16, eos_token_id=[], max_draft_tokens_per_row=torch.tensor([4, 4, 1, 4]))
     expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(result.sequences, expected)
