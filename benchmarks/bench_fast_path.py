@@ -13,7 +13,8 @@ target forward:
 And, for ``plain`` and ``fast_path``, what a change of width costs (``*_after_switch_ms``): the median
 of a w-token forward that follows ``--switch-after`` one-token forwards, as a verify step after a run
 of plain steps does (the fallback's probes, a scheduler that verified nothing for a while), against
-the steady cost of w-token forwards in a row (``*_steady_ms``), all on one cache of ``--context`` tokens.
+the steady cost of w-token forwards in a row (``*_steady_ms``), all on one cache of ``--context`` tokens,
+each arm in a block of its own.
 
     python benchmarks/bench_fast_path.py --tokens 1,2,8 --rounds 15
 """
@@ -63,21 +64,22 @@ def _parse_args(argv):
 
 def _switch_costs(target, fast_path, args) -> dict:
     """Per width w of ``--tokens``: ``{arm}_steady_ms`` and ``{arm}_after_switch_ms`` (module docstring), medians over
-    ``--rounds`` rounds, the arms interleaved within each round."""
+    ``--rounds`` rounds. Each arm runs all its rounds in a block of its own: interleaved, one arm's forwards
+    would warm the weights the other reads after its change of width."""
     layout = _cache_layout(target, target.device)
     generator = torch.Generator().manual_seed(0)
     cache = _random_cache(layout, 1, args.context, target.device, generator)
     inputs = {tokens: _step_inputs(target, 1, tokens, args.context, cache, generator) for tokens in {1, *args.tokens}}
     paths = {"plain": None, "fast_path": fast_path}
     times = {(name, tokens, kind): [] for name in paths for tokens in args.tokens for kind in ("steady", "after_switch")}
-    for _ in tqdm(range(args.rounds), desc="changes of width", unit="round"):
+    blocks = [(name, path) for name, path in paths.items() for _ in range(args.rounds)]
+    for name, path in tqdm(blocks, desc="changes of width", unit="round"):
         for tokens in args.tokens:
-            for name, path in paths.items():
-                for _ in range(args.switch_after):
-                    _time_forward(target, inputs[1], path)
-                times[(name, tokens, "after_switch")].append(_time_forward(target, inputs[tokens], path))
-                steady = [_time_forward(target, inputs[tokens], path) for _ in range(4)]
-                times[(name, tokens, "steady")].append(statistics.median(steady[1:]))
+            for _ in range(args.switch_after):
+                _time_forward(target, inputs[1], path)
+            times[(name, tokens, "after_switch")].append(_time_forward(target, inputs[tokens], path))
+            steady = [_time_forward(target, inputs[tokens], path) for _ in range(4)]
+            times[(name, tokens, "steady")].append(statistics.median(steady[1:]))
     return {
         tokens: {f"{name}_{kind}_ms": statistics.median(times[(name, tokens, kind)]) * 1e3 for name in paths for kind in ("steady", "after_switch")}
         for tokens in args.tokens
