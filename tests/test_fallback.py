@@ -206,10 +206,10 @@ def test_a_new_batch_starts_from_what_earlier_generations_showed_at_its_size():
     run = fallback.start(start(2), costs)
     run.draft_rows(torch.tensor([0, 1]))
     observe(run, [0, 1], [True, True], [0, 0], [0, 0])
-    assert fallback.start(start(2), costs).draft_rows(torch.tensor([0, 1])).bool().tolist() == [False, False]
-    assert fallback.start(start(3), costs).draft_rows(torch.tensor([0, 1, 2])).bool().tolist() == [True, True, True]
+    assert fallback.start(start(2), costs).draft_rows(torch.tensor([0, 1])).gt(0).tolist() == [False, False]
+    assert fallback.start(start(3), costs).draft_rows(torch.tensor([0, 1, 2])).gt(0).tolist() == [True, True, True]
     sampled = GenerationStart(rows=2, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(do_sample=True))
-    assert fallback.start(sampled, costs).draft_rows(torch.tensor([0, 1])).bool().tolist() == [True, True]
+    assert fallback.start(sampled, costs).draft_rows(torch.tensor([0, 1])).gt(0).tolist() == [True, True]
 
 
 def test_the_gain_of_a_step_is_the_expected_acceptance_of_what_was_verified():
