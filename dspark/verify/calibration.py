@@ -398,30 +398,29 @@ class IsotonicMap:
             raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
         dtype = torch.promote_types(x.dtype, torch.float32)
         if (dtype, x.device) not in self._tensors:
-            self._tensors[(dtype, x.device)] = (
-                torch.tensor(self.knots, dtype=dtype, device=x.device), torch.tensor(self.values, dtype=dtype, device=x.device)
-            )
+            self._tensors[(dtype, x.device)] = _stacked_tensors([self], dtype, x.device)
         knots, values = self._tensors[(dtype, x.device)]
-        if knots.numel() == 1:
-            return values.expand_as(x).clone()
-        x = x.to(dtype).clamp(knots[0], knots[-1]).contiguous()
-        upper = torch.searchsorted(knots, x).clamp(1, knots.numel() - 1)
-        x0, x1, y0, y1 = knots[upper - 1], knots[upper], values[upper - 1], values[upper]
-        # Knots that collapse when cast to float32 would divide by zero; either end's value is right there.
-        span = torch.where(x1 > x0, x1 - x0, torch.ones_like(x1))
-        return torch.where(x1 > x0, y0 + (x - x0) * (y1 - y0) / span, y1)
+        return _interpolate(knots, values, x.reshape(1, -1)).reshape(x.shape)
 
 
-def _apply_stacked(knots: torch.Tensor, values: torch.Tensor, survival: torch.Tensor) -> torch.Tensor:
-    """Column k of ``survival`` [R, γ] through the map of row k of ``knots``/``values`` [γ, K] (``IsotonicMap``'s
-    rule; a map padded with copies of its last knot reads as the same map), in the knots' dtype."""
-    x = survival.T.to(knots.dtype)
-    x = torch.maximum(torch.minimum(x, knots[:, -1:]), knots[:, :1]).contiguous()
+def _stacked_tensors(maps, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] knots and values of ``maps`` (IsotonicMap values), each padded with copies of its last knot and
+    value to K = max(2, longest): a padded map reads as the same map, and every point has a segment."""
+    longest = max(2, *(len(fitted.knots) for fitted in maps))
+    padded = [[list(sequence) + [sequence[-1]] * (longest - len(sequence)) for sequence in (fitted.knots, fitted.values)] for fitted in maps]
+    return tuple(torch.tensor([pair[index] for pair in padded], dtype=dtype, device=device) for index in (0, 1))
+
+
+def _interpolate(knots: torch.Tensor, values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Row m of ``x`` [M, N] through the map of row m of ``knots``/``values`` [M, K ≥ 2] (``_stacked_tensors``):
+    linear between knots, constant beyond the ends, in the knots' dtype."""
+    x = torch.maximum(torch.minimum(x.to(knots.dtype), knots[:, -1:]), knots[:, :1]).contiguous()
     upper = torch.searchsorted(knots, x).clamp(1, knots.shape[1] - 1)
     x0, x1 = knots.gather(1, upper - 1), knots.gather(1, upper)
     y0, y1 = values.gather(1, upper - 1), values.gather(1, upper)
+    # Knots that collapse when cast to float32 would divide by zero; either end's value is right there.
     span = torch.where(x1 > x0, x1 - x0, torch.ones_like(x1))
-    return torch.where(x1 > x0, y0 + (x - x0) * (y1 - y0) / span, y1).T
+    return torch.where(x1 > x0, y0 + (x - x0) * (y1 - y0) / span, y1)
 
 
 def isotonic_fit(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None = None) -> IsotonicMap:
@@ -512,20 +511,11 @@ class Calibration:
         _check_tensor("survival", survival, 2, "float")
         if survival.shape[1] == 0:
             return survival.clone()
-        knots, values = self._stacked_maps(survival.shape[1], torch.promote_types(survival.dtype, torch.float32), survival.device)
-        return _apply_stacked(knots, values, survival).to(survival.dtype)
-
-    def _stacked_maps(self, width: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """[γ, K ≥ 2] knots and values of the positions' isotonic maps, each padded with its last knot and value."""
-        key = (width, dtype, device)
+        key = (survival.shape[1], torch.promote_types(survival.dtype, torch.float32), survival.device)
         if key not in self._stacked:
-            maps = _per_position(self.parameters, width)
-            longest = max(2, *(len(fitted.knots) for fitted in maps))  # two at least: every point has a segment
-            padded = [
-                [list(sequence) + [sequence[-1]] * (longest - len(sequence)) for sequence in (fitted.knots, fitted.values)] for fitted in maps
-            ]
-            self._stacked[key] = tuple(torch.tensor([pair[index] for pair in padded], dtype=dtype, device=device) for index in (0, 1))
-        return self._stacked[key]
+            self._stacked[key] = _stacked_tensors(_per_position(self.parameters, key[0]), key[1], key[2])
+        knots, values = self._stacked[key]
+        return _interpolate(knots, values, survival.T).T.to(survival.dtype)
 
     def to_dict(self) -> dict:
         """Plain JSON-safe data; ``from_dict`` reads it back."""
