@@ -1,4 +1,4 @@
-"""dspark/cost_models/profiling.py: step timings on a tiny Llama, the grid of cost_curve and its passes, bad arguments, the cache between repeats."""
+"""dspark/cost_models/profiling.py: step timings on a tiny Llama, the grid of cost_curve, its passes and their order, bad arguments, the cache between repeats."""
 
 import pytest
 
@@ -36,8 +36,8 @@ def test_cost_curve_covers_the_grid_in_order(model):
     assert all(t.seconds > 0 and t.path == "default" and t.repeats == 1 for t in timings)
 
 
-def test_cost_curve_times_the_grid_in_passes(model):
-    """After a warm-up pass, each pass times every point once (rows, then tokens), so a lasting disturbance lands in one pass."""
+def _forward_shapes(model, **grid) -> list[tuple[int, int]]:
+    """The [rows, tokens] of every forward cost_curve runs on ``model`` for ``grid``."""
     shapes = []
 
     def record(module, args, kwargs):
@@ -45,11 +45,27 @@ def test_cost_curve_times_the_grid_in_passes(model):
 
     handle = model.register_forward_pre_hook(record, with_kwargs=True)
     try:
-        cost_curve(model, rows=(1, 2), tokens=(1, 3), contexts=(4,), repeats=2, progress=False)
+        cost_curve(model, progress=False, **grid)
     finally:
         handle.remove()
-    one_pass = [(1, 1), (1, 3), (2, 1), (2, 3)]
-    assert shapes[1:] == one_pass * 3  # shapes[0] is the one-token forward that reads the cache layout
+    return shapes[1:]  # shapes[0] is the one-token forward that reads the cache layout
+
+
+def test_cost_curve_times_the_grid_in_passes(model):
+    """After a warm-up pass, each pass times every point once (rows, then tokens), so a lasting disturbance lands in one pass."""
+    shapes = _forward_shapes(model, rows=(1, 2), tokens=(1, 3), contexts=(4,), repeats=2)
+    timed = [shape for index, shape in enumerate(shapes) if index % 3]  # each rows value: one untimed forward, then its points
+    assert sorted(timed) == sorted([(1, 1), (1, 3), (2, 1), (2, 3)] * 3)
+    in_order, rotated = [(1, 1), (1, 3), (2, 1), (2, 3)], [(1, 3), (1, 1), (2, 3), (2, 1)]
+    assert [timed[4 * index : 4 * index + 4] for index in range(3)] == [in_order, rotated, in_order]
+
+
+def test_cost_curve_rotates_the_token_order_after_an_untimed_forward(model):
+    """Each rows value of a pass starts with an untimed forward on its fresh cache, then the token counts from the pass's offset."""
+    shapes = _forward_shapes(model, rows=(2,), tokens=(1, 2, 3), contexts=(4,), repeats=3)
+    passes = [shapes[4 * index : 4 * index + 4] for index in range(4)]
+    assert [one_pass[0] for one_pass in passes] == [(2, 1)] * 4
+    assert [[tokens for _, tokens in one_pass[1:]] for one_pass in passes] == [[1, 2, 3], [2, 3, 1], [3, 1, 2], [1, 2, 3]]
 
 
 @pytest.mark.parametrize(
