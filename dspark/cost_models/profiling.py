@@ -14,9 +14,8 @@ points rather than in every repeat of a few consecutive ones, which would give t
 step (a flat stretch a scheduler reads as free tokens); the median drops it.
 
 Within a pass, the points of one (context, rows) share a cache, made fresh for the pass. The first
-forward on a fresh cache is slower than the next ones (on a 2-core CPU, SmolLM2 at 8 rows × 1
-token: 71-75 ms first against 66.5 ms; at 2 rows × 1 token, 39 ms against 37.5 ms), so it is untimed,
-and each pass starts the token counts at a different one (pass p at the p-th, wrapping round):
+forward on a fresh cache is slower than the next ones (on a 2-core CPU, a few percent for SmolLM2),
+so it is untimed, and each pass starts the token counts at a different one (pass p at the p-th, wrapping round):
 whatever a position in the order still costs lands on another point in every pass, and the median
 drops it. A first point inflated this way flattens the table's first column, which the scheduler
 reads as a cheap first draft token.
