@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from dspark.protocols import RowFallback
 from dspark.stats import StepRecord
 from dspark.types import GenerationStart, SamplingConfig
-from dspark.verify.fallback import GoodputFallback, best_drafted_rows, draft_depths, drafting_goodput, verified_gain
+from dspark.verify.fallback import GainPrior, GoodputFallback, best_drafted_rows, draft_depths, drafting_goodput, verified_gain
 from tests.strategies import fallback_problems
 
 
@@ -290,3 +290,32 @@ def test_a_drafted_row_is_drafted_as_deep_as_it_has_been_verified_plus_the_margi
     run.observe(record([0, 1], [True, True], [1, 2], [1, 1], survival=torch.full((2, 4), 0.9)))
     expected = [4, 4, 4] if margin is None else [max(1, min(4, 1 + margin)), min(4, 2 + margin), 4]
     assert run.draft_rows(rows).tolist() == expected
+
+
+def test_the_realised_ratio_is_accepted_over_expected_with_pseudo_tokens_and_a_discount():
+    """ρ starts at 1, is (accepted + 8) / (expected + 8) over the drafted rows, discounts older steps by 0.98 and
+    ignores updates without accepted counts."""
+    prior = GainPrior()
+    assert prior.realised_ratio("greedy") == 1.0
+    prior.update("greedy", 2, torch.tensor([2.0, 2.0]), torch.tensor([2, 2]), torch.tensor([1, 0]))
+    assert prior.realised_ratio("greedy") == pytest.approx(9 / 12)
+    prior.update("greedy", 2, torch.tensor([1.0]), torch.tensor([1]), torch.tensor([1]))
+    prior.update("greedy", 2, torch.tensor([5.0]), torch.tensor([1]))
+    assert prior.realised_ratio("greedy") == pytest.approx((0.98 * 1 + 1 + 8) / (0.98 * 4 + 1 + 8))
+    assert prior.realised_ratio("sampling") == 1.0
+
+
+def test_a_row_whose_drafts_yield_less_than_predicted_stops_being_drafted_and_is_still_probed():
+    """A row predicted to gain 0.5 a step (survival 0.5) that never has a token accepted is drafted while
+    ρ·0.5 pays for D = 0.3, then skipped; the probe ceiling is not scaled by ρ, so it is still re-probed."""
+    fallback = GoodputFallback(smoothing=1.0, probe_after=4, max_probe_interval=4)
+    run = fallback.start(start(1), Costs(draft_row=0.3))
+    rows = torch.tensor([0])
+    drafted = []
+    for _ in range(30):
+        drafted.append(bool(run.draft_rows(rows)[0] > 0))
+        verify = 1 if drafted[-1] else 0
+        run.observe(record([0], [drafted[-1]], [verify], [0], survival=torch.full((1, 4), 0.5)))
+    first_skip = drafted.index(False)
+    assert 5 <= first_skip <= 20 and fallback.prior.realised_ratio("greedy") * 0.5 < 0.3
+    assert drafted[first_skip : first_skip + 5] == [False] * 4 + [True]

@@ -4,16 +4,21 @@ Notation (one step, R rows in the target's forward): w_r the row's priority weig
 drafting gained it, smoothed over the steps it was drafted for: the expected accepted count of what was
 verified, Σ_{j≤ℓ_r} a_{r,j} with a = c_1·…·c_j the estimator's survival (calibrated, it is unbiased and
 far less noisy than the realised n_r, mostly 0 or 1), or n_r itself without an estimator; 0 when the
-scheduler verified none of the row's draft; λ_r its smoothed verify length ℓ_r; D(k) the seconds that
+scheduler verified none of the row's draft; ρ the realised ratio, accepted tokens over their expected
+count Σ a over every drafted row so far (``GainPrior.realised_ratio``), which scales every g_r when the
+choice is made: the scheduler verifies the prefixes the estimator rates highest, and a calibration
+fitted on other prompts can overstate what exactly those yield, by a steady factor, while a drafting
+decision is taken on the margin (ρ does not scale the probe ceiling below: a probe is what
+measures ρ again, and a ρ that kept probes out could never recover); λ_r its smoothed verify length ℓ_r; D(k) the seconds that
 drafting k rows adds to a step, the cost model's ``draft_time(k)`` less what a step that drafts for no
 row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
 its books), the least the run has measured on such steps (the least, because the first such step also
 reads the whole prompt's features); D(0) = 0; T(R, w) the seconds of the target forward
 over R rows of w new tokens. Drafting the set S of rows is predicted to yield::
 
-    Θ(S) = (Σ_r w_r + Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} round(λ_r)))
+    Θ(S) = (Σ_r w_r + ρ·Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} round(λ_r)))
 
-weighted tokens per second. ``drafting_goodput`` evaluates Θ for S = the k rows of largest w_r·g_r,
+weighted tokens per second. ``drafting_goodput`` evaluates Θ for S = the k rows of largest ρ·w_r·g_r,
 k = 0..n, and ``best_drafted_rows`` drafts the best such S (the first maximum: a row that is predicted to
 gain nothing is not drafted for even when drafting it would cost nothing).
 A row is therefore drafted only when what it gains exceeds what the whole batch would have produced
@@ -120,16 +125,25 @@ def _size_bucket(rows: int) -> int:
     return 1 << max(rows - 1, 0).bit_length()
 
 
+#: Each drafting step's accepted and expected counts join ρ's sums after these are multiplied by this, so that
+#: ρ follows the last ~50 drafting steps (a drift of the prompts' kind) rather than every step ever.
+_REALISED_DISCOUNT = 0.98
+#: ρ = (accepted + this) / (expected + this): until some tokens were drafted, ρ stays near 1.
+_REALISED_PSEUDO_TOKENS = 8.0
+
+
 class GainPrior:
     """Per sampling band and batch-size bucket (``band_of``; R rounded up to a power of two, so that a batch
     whose rows finish one by one keeps its prior), over every generation of
     one ``GoodputFallback``: the smoothed gain g and verify length λ of drafted rows (a new row's first
-    estimate), and the largest gain one row showed in a step, with its verify length (the probe ceiling)."""
+    estimate), and the largest gain one row showed in a step, with its verify length (the probe ceiling);
+    per sampling band, the realised ratio ρ of accepted tokens to their expected count."""
 
     def __init__(self, smoothing: float = 0.05):
         self.smoothing = smoothing
         self.estimates: dict[tuple[str, int], tuple[float, float]] = {}
         self.ceilings: dict[tuple[str, int], tuple[float, float]] = {}
+        self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
         self.version = 0  # counts updates, so that a run can tell the prior has changed
 
     def get(self, band: str, rows: int) -> tuple[float, float] | None:
@@ -140,8 +154,18 @@ class GainPrior:
         """(the largest gain of one row in one step, its verify length) there, None before any was observed."""
         return self.ceilings.get((band, _size_bucket(rows)))
 
-    def update(self, band: str, rows: int, gains: torch.Tensor, verify_lengths: torch.Tensor) -> None:
-        """Smooth in the mean outcome of one step's drafted rows of a batch of ``rows`` rows; raise the ceiling."""
+    def realised_ratio(self, band: str) -> float:
+        """ρ in this band: (accepted + 8) / (expected + 8) over the discounted sums of drafted rows (1 before any)."""
+        accepted, expected = self.realised.get(band, (0.0, 0.0))
+        return (accepted + _REALISED_PSEUDO_TOKENS) / (expected + _REALISED_PSEUDO_TOKENS)
+
+    def update(self, band: str, rows: int, gains: torch.Tensor, verify_lengths: torch.Tensor, accepted: torch.Tensor | None = None) -> None:
+        """Smooth in the mean outcome of one step's drafted rows of a batch of ``rows`` rows; raise the ceiling;
+        with ``accepted`` (the rows' accepted counts n_r), add them and the expected ``gains`` to ρ's sums."""
+        if accepted is not None:
+            realised, expected = self.realised.get(band, (0.0, 0.0))
+            self.realised[band] = (_REALISED_DISCOUNT * realised + float(accepted.double().sum()),
+                                   _REALISED_DISCOUNT * expected + float(gains.double().sum()))
         observed = (float(gains.double().mean()), float(verify_lengths.double().mean()))
         self.version += 1
         key = (band, _size_bucket(rows))
@@ -233,7 +257,7 @@ class GoodputFallbackRun:
         chosen = torch.zeros(rows.numel(), dtype=torch.bool)
         if candidates.numel() > 0:
             chosen[observed] = self.fallback.choose(
-                self.priority[candidates] * self.gain[candidates], self.verify[candidates].round().long(),
+                self.priority[candidates] * self.gain[candidates] * self.fallback.prior.realised_ratio(self.band), self.verify[candidates].round().long(),
                 float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, self.avoidable_draft_time,
             )
         due = ~chosen & (self.skipped[rows] >= self.interval[rows])
@@ -288,5 +312,5 @@ class GoodputFallbackRun:
         self.observed[index] = True
         self.skipped[index] = 0
         if index.numel() > 0:
-            self.fallback.prior.update(self.band, rows.numel(), gains[drafted], verify_lengths[drafted])
+            self.fallback.prior.update(self.band, rows.numel(), gains[drafted], verify_lengths[drafted], record.accepted[drafted])
         self.skipped[rows[~drafted]] += 1
