@@ -151,6 +151,30 @@ def test_a_row_that_gains_nothing_falls_back_and_is_reprobed_with_back_off():
     assert row_1 == [0, 3, 8]
 
 
+def test_a_new_generation_starts_from_the_probe_interval_its_batch_size_reached():
+    """A single row that gains once, then never, is probed after 2, then 4, then 8 steps (the cap); the next
+    generation of one row starts waiting 8, a generation of another batch size from probe_after."""
+    fallback = GoodputFallback(smoothing=1.0, probe_after=2, max_probe_interval=8, prior=GainPrior(smoothing=1.0))
+    costs = Costs(draft_row=0.3)
+
+    def probes(batch: int, steps: int) -> list[int]:
+        run = fallback.start(start(batch), costs)
+        rows = torch.arange(batch)
+        drafted_at = []
+        for step in range(steps):
+            drafted = (run.draft_rows(rows) > 0).tolist()
+            if drafted[0]:
+                drafted_at.append(step)
+            accepted = [1 if step == 0 and batch == 1 else 0] * batch  # one token once: probes could pay, none do
+            observe(run, rows.tolist(), drafted, [1 if flag else 0 for flag in drafted], accepted)
+        return drafted_at
+
+    assert probes(1, 20) == [0, 1, 4, 9, 18]  # 0: nothing known; 1: chosen after gaining 1; then waits of 2, 4, 8
+    assert fallback.prior.probe_interval("greedy", 1) == 8
+    assert probes(1, 20) == [8, 17]
+    assert probes(2, 6) == [0] and fallback.prior.probe_interval("greedy", 2) == 2  # nothing gained there: no probes
+
+
 def test_a_reprobed_row_that_gains_again_comes_back():
     """A skipped row whose probe accepts drafts again is drafted on the following steps and its wait starts over."""
     fallback = GoodputFallback(probe_after=1, smoothing=1.0)

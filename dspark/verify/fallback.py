@@ -27,7 +27,10 @@ in the time its drafting (and any widening of the forward) costs.
 Rows outside S get ℓ_r = 0 before any of this step's draft tokens exist, so the choice reads only
 earlier steps' outcomes and cannot bias the sampled law. A skipped row learns nothing new, so it is
 re-probed (drafted once regardless) after ``probe_after`` skipped steps; each probe that does not bring
-it back doubles its wait, up to ``max_probe_interval``; a row the estimate brings back starts over.
+it back doubles its wait, up to ``max_probe_interval``; a row the estimate brings back starts over. A new
+generation's rows start with the wait its batch size and sampling band last reached (the shortest in the
+batch, ``GainPrior.probe_interval``): where probes have stopped paying, each generation would otherwise
+pay its first probes again.
 
 A drafted row is drafted ⌈λ_r⌉ + ``depth_margin`` tokens deep (``GoodputFallbackRun.depth``): the run
 answers with per-row depths, and the loop asks the drafter for no more than the deepest, so a scheduler
@@ -137,13 +140,15 @@ class GainPrior:
     whose rows finish one by one keeps its prior), over every generation of
     one ``GoodputFallback``: the smoothed gain g and verify length λ of drafted rows (a new row's first
     estimate), and the largest gain one row showed in a step, with its verify length (the probe ceiling);
-    per sampling band, the realised ratio ρ of accepted tokens to their expected count."""
+    the probe interval its rows last reached; per sampling band, the realised ratio ρ of accepted tokens to
+    their expected count."""
 
     def __init__(self, smoothing: float = 0.05):
         self.smoothing = smoothing
         self.estimates: dict[tuple[str, int], tuple[float, float]] = {}
         self.ceilings: dict[tuple[str, int], tuple[float, float]] = {}
         self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
+        self.intervals: dict[tuple[str, int], int] = {}
         self.version = 0  # counts updates, so that a run can tell the prior has changed
 
     def get(self, band: str, rows: int) -> tuple[float, float] | None:
@@ -153,6 +158,14 @@ class GainPrior:
     def ceiling(self, band: str, rows: int) -> tuple[float, float] | None:
         """(the largest gain of one row in one step, its verify length) there, None before any was observed."""
         return self.ceilings.get((band, _size_bucket(rows)))
+
+    def probe_interval(self, band: str, rows: int) -> int | None:
+        """The shortest probe interval of a batch of this size and band at its latest choice, None before any."""
+        return self.intervals.get((band, _size_bucket(rows)))
+
+    def remember_probe_interval(self, band: str, rows: int, interval: int) -> None:
+        """Keep ``interval`` as this size and band's probe interval (a run calls it after each choice)."""
+        self.intervals[(band, _size_bucket(rows))] = interval
 
     def realised_ratio(self, band: str) -> float:
         """ρ in this band: (accepted + 8) / (expected + 8) over the discounted sums of drafted rows (1 before any)."""
@@ -231,7 +244,7 @@ class GoodputFallbackRun:
         self.verify = torch.zeros(batch, dtype=torch.float64)
         self.observed = torch.zeros(batch, dtype=torch.bool)
         self.skipped = torch.zeros(batch, dtype=torch.long)
-        self.interval = torch.full((batch,), fallback.probe_after, dtype=torch.long)
+        self.interval = torch.full((batch,), fallback.prior.probe_interval(self.band, batch) or fallback.probe_after, dtype=torch.long)
         self.idle_seconds: float | None = None
         # What the last choice that drafted for no row read, besides estimates a skipped row cannot change:
         # while it holds, that choice stands (the cost model's small corrections wait until it changes).
@@ -268,6 +281,7 @@ class GoodputFallbackRun:
         backed_off = rows[probes & observed]
         self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(self.fallback.max_probe_interval)
         self.interval[rows[chosen]] = self.fallback.probe_after
+        self.fallback.prior.remember_probe_interval(self.band, rows.numel(), int(self.interval[rows].min()))
         drafting = chosen | probes
         self._idle_key = None if bool(drafting.any()) else self._choice_key(rows)
         return torch.where(drafting, self.depth(rows), 0)
