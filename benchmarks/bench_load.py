@@ -22,7 +22,8 @@ logistic model of its signals), greedy and/or at temperature 1:
   every time is the median of N timed rounds; a round times every policy on each batch in turn, so
   that drift in the machine's speed hits every policy alike;
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
-  length against c (Figure 8).
+  length against c (Figure 8). The JSON is written after every setting, with ``"complete": false`` until
+  the last one is done.
 
 Every greedy output is checked against plain decoding's; sampled outputs are lossless by the
 sampling law tests. Sampled runs ignore EOS, so that every policy generates the same number of tokens
@@ -245,6 +246,8 @@ def main(argv: list[str] | None = None) -> dict:
                         entry["decode_vs_best_static"] = entry["decode_tokens_per_s"] / best_static_decode
                     report["results"].setdefault(drafter_name, {}).setdefault(mode, {})[str(c)] = entries
                     tqdm.write(f"{drafter_name} {mode} c={c}: " + ", ".join(f"{name} {e['vs_plain']:.2f}x, decoding {e['decode_vs_plain']:.2f}x (l {e['mean_verify_length']:.2f})" for name, e in entries.items()))
+                    write_json(args.output, {**report, "complete": False})  # a long run that is cut keeps what it measured
+    report["complete"] = True
     write_json(args.output, report)
     _plot(report, args.output)
     print(f"wrote {args.output}; greedy mismatches: {len(report['mismatches'])}")

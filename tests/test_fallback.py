@@ -343,3 +343,22 @@ def test_a_row_whose_drafts_yield_less_than_predicted_stops_being_drafted_and_is
     first_skip = drafted.index(False)
     assert 5 <= first_skip <= 20 and fallback.prior.realised_ratio("greedy") * 0.5 < 0.3
     assert drafted[first_skip : first_skip + 5] == [False] * 4 + [True]
+
+
+def test_a_pass_after_skipped_steps_teaches_their_catch_up_which_then_prices_resuming():
+    """A pass that ends 4 skipped steps took 0.4 s over the drafting time: 0.1 s per skipped step. Three skipped
+    steps later resuming costs D + 0.3, so a row gaining 0.3 a step is not drafted, and is right after a drafted step."""
+    run = GoodputFallback(smoothing=1.0).start(start(1), Costs(draft_row=0.1))
+    run.observe(record([0], [True], [1], [1], draft_seconds=0.1))
+    for _ in range(4):
+        run.observe(record([0], [False], [0], [0], draft_seconds=0.0))
+    run.observe(record([0], [True], [1], [1], draft_seconds=0.5))
+    assert run.catch_up_seconds == pytest.approx(0.1) and run.resume_draft_time(1) == pytest.approx(0.1)
+    for _ in range(3):
+        run.observe(record([0], [False], [0], [0], draft_seconds=0.0))
+    assert run.resume_draft_time(1) == pytest.approx(0.4) and run.avoidable_draft_time(1) == pytest.approx(0.1)
+    run.gain[0] = 0.3
+    assert run.draft_rows(torch.tensor([0])).tolist() == [0]
+    run.observe(record([0], [True], [1], [1], draft_seconds=0.1 + 0.3))
+    run.gain[0] = 0.3
+    assert run.draft_rows(torch.tensor([0])).tolist() != [0]

@@ -13,7 +13,11 @@ measures ρ again, and a ρ that kept probes out could never recover); λ_r its 
 drafting k rows adds to a step, the cost model's ``draft_time(k)`` less what a step that drafts for no
 row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
 its books), the least the run has measured on such steps (the least, because the first such step also
-reads the whole prompt's features); D(0) = 0; T(R, w) the seconds of the target forward
+reads the whole prompt's features), plus, when the steps just before drafted for no row, the catch-up:
+a drafter that reads target features lazily reads every skipped step's columns, for every row, in the
+pass that ends a run of skipped steps, so that pass costs the learnt seconds per skipped step times
+their number (``GoodputFallbackRun.resume_draft_time``; a probe is judged without it, or a long run
+of skipped steps would keep every probe out); D(0) = 0; T(R, w) the seconds of the target forward
 over R rows of w new tokens. Drafting the set S of rows is predicted to yield::
 
     Θ(S) = (Σ_r w_r + ρ·Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} round(λ_r)))
@@ -246,6 +250,8 @@ class GoodputFallbackRun:
         self.skipped = torch.zeros(batch, dtype=torch.long)
         self.interval = torch.full((batch,), fallback.prior.probe_interval(self.band, batch) or fallback.probe_after, dtype=torch.long)
         self.idle_seconds: float | None = None
+        self.skipped_steps = 0  # steps in a row, up to the last observed, that drafted for no row
+        self.catch_up_seconds: float | None = None  # smoothed extra seconds per skipped step of a pass that ends such a run
         # What the last choice that drafted for no row read, besides estimates a skipped row cannot change:
         # while it holds, that choice stands (the cost model's small corrections wait until it changes).
         self._idle_key: tuple | None = None
@@ -253,6 +259,10 @@ class GoodputFallbackRun:
     def avoidable_draft_time(self, rows: int) -> float:
         """D(k): what drafting ``rows`` rows adds to a step that drafts for none (module docstring)."""
         return max(self.cost_model.draft_time(rows) - (self.idle_seconds or 0.0), 0.0)
+
+    def resume_draft_time(self, rows: int) -> float:
+        """D(k) for this step: ``avoidable_draft_time`` plus the catch-up of the steps just skipped (module docstring)."""
+        return self.avoidable_draft_time(rows) + (self.catch_up_seconds or 0.0) * self.skipped_steps
 
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """LongTensor[R] of draft depths, 0 for rows not drafted: the rows in the best predicted set, the rows
@@ -271,7 +281,7 @@ class GoodputFallbackRun:
         if candidates.numel() > 0:
             chosen[observed] = self.fallback.choose(
                 self.priority[candidates] * self.gain[candidates] * self.fallback.prior.realised_ratio(self.band), self.verify[candidates].round().long(),
-                float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, self.avoidable_draft_time,
+                float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, self.resume_draft_time,
             )
         due = ~chosen & (self.skipped[rows] >= self.interval[rows])
         if bool(due.any()) and not self._a_probe_could_pay(rows):
@@ -313,12 +323,21 @@ class GoodputFallbackRun:
 
     def observe(self, record: StepRecord) -> None:
         """Smooth g_r and λ_r of the rows drafted for (their first outcome replaces the estimate); count the
-        skipped; on a step that drafted for no row, keep the least ``draft_seconds`` as the idle time."""
+        skipped; on a step that drafted for no row, keep the least ``draft_seconds`` as the idle time; on one that
+        ends a run of such steps, learn the catch-up per skipped step from what its pass took over the cost
+        model's ``draft_time``."""
         rows, verify_lengths = record.rows, record.verify_lengths
         drafted = record.drafted > 0 if record.drafted_for is None else record.drafted_for
         alpha, index = self.fallback.smoothing, rows[drafted]
         if index.numel() == 0:
             self.idle_seconds = record.draft_seconds if self.idle_seconds is None else min(self.idle_seconds, record.draft_seconds)
+            self.skipped_steps += 1
+        else:
+            if self.skipped_steps > 0:
+                extra = max(record.draft_seconds - self.cost_model.draft_time(index.numel()), 0.0) / self.skipped_steps
+                known = self.catch_up_seconds
+                self.catch_up_seconds = extra if known is None else known + alpha * (extra - known)
+            self.skipped_steps = 0
         gains = verified_gain(record)
         for estimate, value in ((self.gain, gains[drafted]), (self.verify, verify_lengths[drafted].double())):
             previous = estimate[index]
