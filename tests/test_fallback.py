@@ -362,3 +362,15 @@ def test_a_pass_after_skipped_steps_teaches_their_catch_up_which_then_prices_res
     run.observe(record([0], [True], [1], [1], draft_seconds=0.1 + 0.3))
     run.gain[0] = 0.3
     assert run.draft_rows(torch.tensor([0])).tolist() != [0]
+
+
+def test_where_drafting_costs_nothing_to_skip_every_row_is_drafted_for():
+    """With a drafting time no greater than what an idle step spends (prompt lookup), rows that gained nothing
+    are still drafted for; with a drafting time above it, they are skipped."""
+    for draft_row, expected in ((0.0, [2, 2]), (0.3, [0, 0])):  # drafted: ⌈λ = 1⌉ + 1 tokens deep
+        run = GoodputFallback(smoothing=1.0).start(start(2), Costs(draft_row=draft_row))
+        rows = torch.tensor([0, 1])
+        run.draft_rows(rows)
+        observe(run, [0, 1], [True, True], [1, 1], [0, 0])
+        run.observe(record([0, 1], [False, False], [0, 0], [0, 0], draft_seconds=0.0))
+        assert run.draft_rows(rows).tolist() == expected

@@ -26,7 +26,10 @@ weighted tokens per second. ``drafting_goodput`` evaluates Θ for S = the k rows
 k = 0..n, and ``best_drafted_rows`` drafts the best such S (the first maximum: a row that is predicted to
 gain nothing is not drafted for even when drafting it would cost nothing).
 A row is therefore drafted only when what it gains exceeds what the whole batch would have produced
-in the time its drafting (and any widening of the forward) costs.
+in the time its drafting (and any widening of the forward) costs. Where D(R) = 0 — drafting costs
+nothing a skipped step saves, as with prompt lookup — every row is drafted for: skipping would save
+nothing and would stop the row's gain from being measured (one step without a match would otherwise
+keep a lookup row out until its next probe).
 
 Rows outside S get ℓ_r = 0 before any of this step's draft tokens exist, so the choice reads only
 earlier steps' outcomes and cannot bias the sampled law. A skipped row learns nothing new, so it is
@@ -283,6 +286,10 @@ class GoodputFallbackRun:
                 self.priority[candidates] * self.gain[candidates] * self.fallback.prior.realised_ratio(self.band), self.verify[candidates].round().long(),
                 float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, self.resume_draft_time,
             )
+        if self.avoidable_draft_time(rows.numel()) <= 0:
+            # Drafting costs nothing that skipping would save (prompt lookup): skipping would only stop the row
+            # from being measured, so every row is drafted for and the scheduler alone decides what to verify.
+            chosen[:] = True
         due = ~chosen & (self.skipped[rows] >= self.interval[rows])
         if bool(due.any()) and not self._a_probe_could_pay(rows):
             due[:] = False
