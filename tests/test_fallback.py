@@ -172,7 +172,7 @@ def test_a_new_generation_starts_from_the_probe_interval_its_batch_size_reached(
     assert probes(1, 20) == [0, 1, 4, 9, 18]  # 0: nothing known; 1: chosen after gaining 1; then waits of 2, 4, 8
     assert fallback.prior.probe_interval("greedy", 1) == 8
     assert probes(1, 20) == [8, 17]
-    assert probes(2, 6) == [0] and fallback.prior.probe_interval("greedy", 2) == 2  # nothing gained there: no probes
+    assert probes(2, 6) == [0, 3] and fallback.prior.probe_interval("greedy", 2) == 4  # 2 drafted rows: too few to rule probes out
 
 
 def test_a_reprobed_row_that_gains_again_comes_back():
@@ -244,22 +244,34 @@ def test_the_gain_of_a_step_is_the_expected_acceptance_of_what_was_verified():
     assert verified_gain(record([0], [True], [2], [1])).tolist() == [1.0]
 
 
-def test_rows_are_not_reprobed_where_no_row_ever_gained_enough():
-    """Where every drafted row so far gained nothing, skipped rows are never probed again; once a row somewhere
-    at that batch size has gained enough to pay, probing resumes."""
-    fallback = GoodputFallback(smoothing=1.0, probe_after=1)
-    costs = Costs(draft_row=0.3)
-    run = fallback.start(start(2), costs)
-    rows = torch.tensor([0, 1])
-    run.draft_rows(rows)
-    observe(run, [0, 1], [True, True], [0, 0], [0, 0])
-    drafted = []
-    for _ in range(6):
-        drafted.append((run.draft_rows(rows) > 0).tolist())
-        observe(run, [0, 1], drafted[-1], [0, 0], [0, 0])
-    assert drafted == [[False, False]] * 6
+def test_rows_are_not_reprobed_where_enough_drafted_rows_gained_nothing():
+    """Where 8 drafted rows at this batch size gained nothing, skipped rows are never probed again (after 7 they
+    still are: too little to rule probes out); once a row there has gained enough to pay, probing resumes."""
+    for evidence, probed in ((7, True), (8, False)):
+        fallback = GoodputFallback(smoothing=1.0, probe_after=1)
+        fallback.prior.update("greedy", 2, torch.zeros(evidence, dtype=torch.float64), torch.zeros(evidence, dtype=torch.long))
+        run = fallback.start(start(2), Costs(draft_row=0.3))
+        rows = torch.tensor([0, 1])
+        drafted = []
+        for _ in range(6):
+            drafted.append((run.draft_rows(rows) > 0).tolist())
+            observe(run, [0, 1], drafted[-1], [0, 0], [0, 0])
+        assert any(any(step) for step in drafted) == probed
     fallback.prior.update("greedy", 2, torch.tensor([3.0]), torch.tensor([3]))
     assert (run.draft_rows(rows) > 0).tolist() == [True, True]
+
+
+def test_cheap_probes_go_on_where_no_row_ever_gained_enough():
+    """Where probing every probe_after steps costs less than the probe budget, 8 drafted rows that gained nothing
+    do not stop the probes (prompt lookup finds a match only now and then)."""
+    fallback = GoodputFallback(smoothing=1.0, probe_after=2)
+    fallback.prior.update("greedy", 1, torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.long))
+    run = fallback.start(start(1), Costs(draft_row=0.001))
+    drafted = []
+    for _ in range(9):
+        drafted.append(bool(run.draft_rows(torch.tensor([0]))[0] > 0))
+        observe(run, [0], [drafted[-1]], [1 if drafted[-1] else 0], [0])
+    assert [step for step, flag in enumerate(drafted) if flag] == [2, 5, 8]
 
 
 @attrs.frozen
@@ -374,3 +386,17 @@ def test_where_drafting_costs_nothing_to_skip_every_row_is_drafted_for():
         observe(run, [0, 1], [True, True], [1, 1], [0, 0])
         run.observe(record([0, 1], [False, False], [0, 0], [0, 0], draft_seconds=0.0))
         assert run.draft_rows(rows).tolist() == expected
+
+
+@pytest.mark.parametrize("draft_row, cap", [(0.001, 2), (0.03, 6), (0.3, 8)])
+def test_a_probes_wait_doubles_only_while_probing_stays_within_its_budget(draft_row, cap):
+    """A row that never pays is probed after waits that double from 2 up to where probing costs 0.5% of the time
+    (D / 0.005·T, T = 1 s) or max_probe_interval (8): a nearly free drafter keeps being probed every 2 steps."""
+    fallback = GoodputFallback(smoothing=1.0, probe_after=2, max_probe_interval=8)
+    run = fallback.start(start(1), Costs(draft_row=draft_row))
+    assert run.probe_interval_cap(1) == cap
+    rows = torch.tensor([0])
+    for step in range(40):
+        drafted = (run.draft_rows(rows) > 0).tolist()
+        observe(run, [0], drafted, [1 if drafted[0] else 0], [1 if step == 0 else 0])
+    assert int(run.interval[0]) == cap

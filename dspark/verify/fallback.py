@@ -8,9 +8,9 @@ scheduler verified none of the row's draft; ρ the realised ratio, accepted toke
 count Σ a over every drafted row so far (``GainPrior.realised_ratio``), which scales every g_r when the
 choice is made: the scheduler verifies the prefixes the estimator rates highest, and a calibration
 fitted on other prompts can overstate what exactly those yield, by a steady factor, while a drafting
-decision is taken on the margin (ρ does not scale the probe ceiling below: a probe is what
-measures ρ again, and a ρ that kept probes out could never recover); λ_r its smoothed verify length ℓ_r; D(k) the seconds that
-drafting k rows adds to a step, the cost model's ``draft_time(k)`` less what a step that drafts for no
+decision is taken on the margin (ρ does not scale the probe ceiling below: a probe is what measures
+ρ again, and a ρ that kept probes out could never recover); λ_r its smoothed verify length ℓ_r;
+D(k) the seconds that drafting k rows adds to a step, the cost model's ``draft_time(k)`` less what a step that drafts for no
 row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
 its books), the least the run has measured on such steps (the least, because the first such step also
 reads the whole prompt's features), plus, when the steps just before drafted for no row, the catch-up:
@@ -23,8 +23,8 @@ over R rows of w new tokens. Drafting the set S of rows is predicted to yield::
     Θ(S) = (Σ_r w_r + ρ·Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} round(λ_r)))
 
 weighted tokens per second. ``drafting_goodput`` evaluates Θ for S = the k rows of largest ρ·w_r·g_r,
-k = 0..n, and ``best_drafted_rows`` drafts the best such S (the first maximum: a row that is predicted to
-gain nothing is not drafted for even when drafting it would cost nothing).
+k = 0..n, and ``best_drafted_rows`` drafts the best such S (the first maximum: it never drafts a row that
+is predicted to gain nothing).
 A row is therefore drafted only when what it gains exceeds what the whole batch would have produced
 in the time its drafting (and any widening of the forward) costs. Where D(R) = 0 — drafting costs
 nothing a skipped step saves, as with prompt lookup — every row is drafted for: skipping would save
@@ -34,7 +34,10 @@ keep a lookup row out until its next probe).
 Rows outside S get ℓ_r = 0 before any of this step's draft tokens exist, so the choice reads only
 earlier steps' outcomes and cannot bias the sampled law. A skipped row learns nothing new, so it is
 re-probed (drafted once regardless) after ``probe_after`` skipped steps; each probe that does not bring
-it back doubles its wait, up to ``max_probe_interval``; a row the estimate brings back starts over. A new
+it back doubles its wait, up to ``max_probe_interval`` and no further than where probing the whole batch
+costs ``_PROBE_BUDGET`` (0.5%) of plain decoding's time (``GoodputFallbackRun.probe_interval_cap``: a nearly
+free drafter such as prompt lookup keeps being probed every ``probe_after`` steps, which its bursts of
+matches need); a row the estimate brings back starts over. A new
 generation's rows start with the wait its batch size and sampling band last reached (the shortest in the
 batch, ``GainPrior.probe_interval``): where probes have stopped paying, each generation would otherwise
 pay its first probes again.
@@ -49,12 +52,17 @@ on how much the scheduler verifies, which depends on R, and probing every row of
 whole drafting pass. Only when nothing is known there yet are a batch's rows drafted for at its first
 step. The prior also keeps the largest gain one row has shown in a step there, the ceiling: a skipped
 row is re-probed only if a row gaining that much would pay for its drafting, so where no row has ever
-gained enough (under load, where the scheduler verifies nothing) nothing is drafted at all. The prior belongs to one drafter and target: give each wrapped model its own scheduler (``wrap``
+gained enough (under load, where the scheduler verifies nothing) nothing is drafted at all, once
+``_CEILING_EVIDENCE`` drafted rows have been seen there: a ceiling of one step's rows says little (prompt
+lookup's first step usually finds no match, and a ceiling of 0 from it kept lookup out for good), and
+only where probes are dear: where probing every ``probe_after`` steps stays within the budget below,
+probes go on whatever the ceiling. The prior belongs to one drafter and target: give each wrapped model its own scheduler (``wrap``
 and the presets in ``dspark.strategies`` make a new one each time).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import attrs
@@ -135,6 +143,10 @@ def _size_bucket(rows: int) -> int:
     return 1 << max(rows - 1, 0).bit_length()
 
 
+#: The share of plain decoding's time that probing a whole batch may take; it caps how far a probe's wait doubles.
+_PROBE_BUDGET = 0.005
+#: Drafted rows a batch size and band must have seen before a ceiling that does not pay keeps probes out.
+_CEILING_EVIDENCE = 8
 #: Each drafting step's accepted and expected counts join ρ's sums after these are multiplied by this, so that
 #: ρ follows the last ~50 drafting steps (a drift of the prompts' kind) rather than every step ever.
 _REALISED_DISCOUNT = 0.98
@@ -156,6 +168,7 @@ class GainPrior:
         self.ceilings: dict[tuple[str, int], tuple[float, float]] = {}
         self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
         self.intervals: dict[tuple[str, int], int] = {}
+        self.drafted: dict[tuple[str, int], int] = {}  # drafted rows observed per key: the ceiling's evidence
         self.version = 0  # counts updates, so that a run can tell the prior has changed
 
     def get(self, band: str, rows: int) -> tuple[float, float] | None:
@@ -165,6 +178,10 @@ class GainPrior:
     def ceiling(self, band: str, rows: int) -> tuple[float, float] | None:
         """(the largest gain of one row in one step, its verify length) there, None before any was observed."""
         return self.ceilings.get((band, _size_bucket(rows)))
+
+    def evidence(self, band: str, rows: int) -> int:
+        """How many drafted rows a batch of this size and band has shown (what its ceiling rests on)."""
+        return self.drafted.get((band, _size_bucket(rows)), 0)
 
     def probe_interval(self, band: str, rows: int) -> int | None:
         """The shortest probe interval of a batch of this size and band at its latest choice, None before any."""
@@ -189,6 +206,7 @@ class GainPrior:
         observed = (float(gains.double().mean()), float(verify_lengths.double().mean()))
         self.version += 1
         key = (band, _size_bucket(rows))
+        self.drafted[key] = self.drafted.get(key, 0) + gains.numel()
         known = self.estimates.get(key)
         self.estimates[key] = observed if known is None else tuple(old + self.smoothing * (new - old) for old, new in zip(known, observed))
         best = int(gains.argmax())
@@ -267,10 +285,17 @@ class GoodputFallbackRun:
         """D(k) for this step: ``avoidable_draft_time`` plus the catch-up of the steps just skipped (module docstring)."""
         return self.avoidable_draft_time(rows) + (self.catch_up_seconds or 0.0) * self.skipped_steps
 
+    def probe_interval_cap(self, rows: int) -> int:
+        """The longest wait between probes: the steps over which probing ``rows`` rows costs ``_PROBE_BUDGET`` of
+        one-token steps (D(rows) / (budget·T(rows, 1)), rounded up), within probe_after..max_probe_interval."""
+        budget = _PROBE_BUDGET * self.cost_model.step_time(rows, 1)
+        steps = math.ceil(self.avoidable_draft_time(rows) / budget) if budget > 0 else self.fallback.max_probe_interval
+        return min(max(steps, self.fallback.probe_after), self.fallback.max_probe_interval)
+
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """LongTensor[R] of draft depths, 0 for rows not drafted: the rows in the best predicted set, the rows
-        never observed (when earlier generations say nothing about this batch size), and the rows due a
-        probe get ``depth``."""
+        """LongTensor[R] of draft depths, 0 for rows not drafted: the rows in the best predicted set (every row
+        where drafting costs nothing avoidable), the rows never observed (when earlier generations say
+        nothing about this batch size), and the rows due a probe get ``depth``."""
         key = self._choice_key(rows)
         if key == self._idle_key:
             return torch.zeros(rows.numel(), dtype=torch.long)
@@ -282,9 +307,10 @@ class GoodputFallbackRun:
         candidates = rows[observed]
         chosen = torch.zeros(rows.numel(), dtype=torch.bool)
         if candidates.numel() > 0:
+            gains = self.priority[candidates] * self.gain[candidates] * self.fallback.prior.realised_ratio(self.band)
             chosen[observed] = self.fallback.choose(
-                self.priority[candidates] * self.gain[candidates] * self.fallback.prior.realised_ratio(self.band), self.verify[candidates].round().long(),
-                float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, self.resume_draft_time,
+                gains, self.verify[candidates].round().long(), float(self.priority[rows].sum()), rows.numel(),
+                self.cost_model.step_time, self.resume_draft_time,
             )
         if self.avoidable_draft_time(rows.numel()) <= 0:
             # Drafting costs nothing that skipping would save (prompt lookup): skipping would only stop the row
@@ -296,7 +322,7 @@ class GoodputFallbackRun:
         probes = ~observed | due
         # A probe of a row its estimate keeps out waits twice as long for the next; a row back in starts over.
         backed_off = rows[probes & observed]
-        self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(self.fallback.max_probe_interval)
+        self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(self.probe_interval_cap(rows.numel()))
         self.interval[rows[chosen]] = self.fallback.probe_after
         self.fallback.prior.remember_probe_interval(self.band, rows.numel(), int(self.interval[rows].min()))
         drafting = chosen | probes
@@ -318,10 +344,13 @@ class GoodputFallbackRun:
         return tuple(rows.tolist()), tuple(due.tolist()), self.idle_seconds, self.fallback.prior.version
 
     def _a_probe_could_pay(self, rows: torch.Tensor) -> bool:
-        """Whether drafting one row that gains as much as the best row ever did here would pay (True when
-        nothing is known here yet)."""
+        """Whether drafting one row that gains as much as the best row ever did here would pay (True while
+        fewer than ``_CEILING_EVIDENCE`` drafted rows were seen here, and where probing every ``probe_after``
+        steps stays within ``_PROBE_BUDGET``: such probes are too cheap to give up)."""
         ceiling = self.fallback.prior.ceiling(self.band, rows.numel())
-        if ceiling is None:
+        if ceiling is None or self.fallback.prior.evidence(self.band, rows.numel()) < _CEILING_EVIDENCE:
+            return True
+        if self.probe_interval_cap(rows.numel()) <= self.fallback.probe_after:
             return True
         gain = torch.tensor([ceiling[0] * float(self.priority[rows].max())], dtype=torch.float64)
         return bool(self.fallback.choose(
