@@ -306,16 +306,16 @@ class GoodputFallbackRun:
         observed = self.observed[rows]
         candidates = rows[observed]
         chosen = torch.zeros(rows.numel(), dtype=torch.bool)
-        if candidates.numel() > 0:
+        if self.avoidable_draft_time(rows.numel()) <= 0:
+            # Drafting costs nothing that skipping would save (prompt lookup): skipping would only stop the row
+            # from being measured, so every row is drafted for and the scheduler alone decides what to verify.
+            chosen[:] = True
+        elif candidates.numel() > 0:
             gains = self.priority[candidates] * self.gain[candidates] * self.fallback.prior.realised_ratio(self.band)
             chosen[observed] = self.fallback.choose(
                 gains, self.verify[candidates].round().long(), float(self.priority[rows].sum()), rows.numel(),
                 self.cost_model.step_time, self.resume_draft_time,
             )
-        if self.avoidable_draft_time(rows.numel()) <= 0:
-            # Drafting costs nothing that skipping would save (prompt lookup): skipping would only stop the row
-            # from being measured, so every row is drafted for and the scheduler alone decides what to verify.
-            chosen[:] = True
         due = ~chosen & (self.skipped[rows] >= self.interval[rows])
         if bool(due.any()) and not self._a_probe_could_pay(rows):
             due[:] = False
