@@ -62,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--modes", default="greedy,sample", help="answers to train on: greedy and/or sample (temperature 1) by the target, reference (the dataset's own answers)")
     train.add_argument("--generate-batch-size", type=int, default=8)
     train.add_argument(
+        "--generate-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+        help="answer with a copy of the target in this dtype (bfloat16: 2-3x faster on CPUs with AMX and on GPUs); labels always come from the target",
+    )
+    train.add_argument(
         "--stage", default="all", choices=["all", "data", "train"],
         help="data: regenerate answers and build the target store, then stop; train: use the answers regenerated so far; all: both",
     )
@@ -173,6 +177,7 @@ def _train(args, parser: argparse.ArgumentParser) -> None:
             prompts=args.prompts, max_new_tokens=args.max_new_tokens, modes=tuple(mode for mode in args.modes.split(",") if mode),
             generate_batch_size=args.generate_batch_size, top_k=args.top_k, max_sequence_tokens=args.max_sequence_tokens,
             validation_share=args.validation_share, own_weight=args.own_weight, seed=args.seed,
+            generate_dtype=args.generate_dtype,
         )
         train_config = training.TrainConfig(
             steps=args.steps, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, sequences_per_step=args.sequences_per_step,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dspark.drafters import SemiARConfig, SemiARDrafter
-from dspark.training import DataConfig, TrainConfig, distill_drafter, read_sequences, training_pools
+from dspark.training import DataConfig, TrainConfig, distill_drafter, read_sequences, regenerate_answers, training_pools
 from tests.conftest import build_model, tiny_data_dir, word_tokenizer
 
 
@@ -37,6 +37,21 @@ def test_distill_drafter_regenerates_stores_trains_and_resumes(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(drafter.state_dict().values(), again.state_dict().values()))
 
 
+def test_a_bfloat16_copy_answers_and_the_target_is_left_as_it_was(tmp_path):
+    """generate_dtype answers with a converted copy (recorded per answer); the target keeps its dtype and weights."""
+    target, tokenizer = build_model("llama"), word_tokenizer()
+    weights = {name: tensor.clone() for name, tensor in target.state_dict().items()}
+    data = DataConfig(prompts=4, max_new_tokens=6, modes=("greedy",), generate_dtype="bfloat16")
+    regenerate_answers(target, tokenizer, tmp_path / "work", data, tiny_data_dir(tmp_path), progress=False)
+    records = read_sequences(tmp_path / "work" / "data.jsonl")
+    assert records and {record["dtype"] for record in records} == {"bfloat16"}
+    assert all(torch.equal(weights[name], tensor) for name, tensor in target.state_dict().items())
+    record = records[0]
+    answerer = build_model("llama").to(torch.bfloat16)
+    expected = answerer.generate(torch.tensor([record["prompt_ids"]]), max_new_tokens=6, do_sample=False)[0, len(record["prompt_ids"]) :].tolist()
+    assert record["response_ids"] == expected[: len(record["response_ids"])]
+
+
 def test_stage_train_without_data_and_unknown_stages_are_refused(tmp_path):
     """Training before any regeneration names the missing file; an unknown stage names the allowed ones."""
     target = build_model("llama")
@@ -59,7 +74,7 @@ def test_training_pools_hold_out_own_answers_and_weight_them():
         training_pools(records, store[:-1], DataConfig())
 
 
-@pytest.mark.parametrize("field, value", [("modes", ("beam",)), ("modes", ()), ("validation_share", 1.0), ("own_weight", 0), ("prompts", 0)])
+@pytest.mark.parametrize("field, value", [("modes", ("beam",)), ("modes", ()), ("generate_dtype", "int8"), ("validation_share", 1.0), ("own_weight", 0), ("prompts", 0)])
 def test_data_config_refuses_bad_values(field, value):
     """DataConfig names the field and the offending value."""
     with pytest.raises(ValueError, match=field):

@@ -18,6 +18,7 @@ def test_regenerate_writes_the_targets_answers_and_resumes(tmp_path):
     greedy = next(r for r in records if r["id"] == "p1" and r["mode"] == "greedy")
     expected = target.generate(torch.tensor([greedy["prompt_ids"]]), max_new_tokens=6, do_sample=False)[0, len(greedy["prompt_ids"]) :].tolist()
     assert greedy["response_ids"] == expected[: len(greedy["response_ids"])]
+    assert greedy["dtype"] == "float32"
     regenerate(target, word_tokenizer(), prompts, output, max_new_tokens=6, batch_size=2)
     assert len(read_sequences(output)) == len(records)
 

@@ -33,7 +33,8 @@ def regenerate(
     seed: int = 0,
     progress=None,
 ) -> Path:
-    """Append the target's own answers to ``output`` (JSONL: id, mode, prompt_ids, response_ids).
+    """Append the target's own answers to ``output`` (JSONL: id, mode, prompt_ids, response_ids, and
+    for generated answers the dtype of the model that wrote them).
 
     Prompts already in ``output`` for a mode are skipped, so an interrupted run resumes; prompts longer
     than ``max_prompt_tokens`` after the chat template are skipped too. 'sample' draws at temperature 1
@@ -45,6 +46,7 @@ def regenerate(
     done = {(record["id"], record["mode"]) for record in read_sequences(output)} if output.exists() else set()
     tokenizer.padding_side = "left"
     device = target.get_input_embeddings().weight.device  # prompts are encoded on the CPU, answered there
+    dtype = str(target.get_input_embeddings().weight.dtype).removeprefix("torch.")
     for mode in modes:
         if mode not in MODES:
             raise ValueError(f"modes must be among {MODES}, got {mode!r}")
@@ -76,7 +78,8 @@ def regenerate(
                     prompt_ids = encoded["input_ids"][row][encoded["attention_mask"][row].bool()].tolist()
                     response = sequences[row, encoded["input_ids"].shape[1] :].tolist()
                     response = _until_eos(response, target.generation_config.eos_token_id)
-                    handle.write(json.dumps({"id": prompt.id, "mode": mode, "prompt_ids": prompt_ids, "response_ids": response}) + "\n")
+                    record = {"id": prompt.id, "mode": mode, "prompt_ids": prompt_ids, "response_ids": response, "dtype": dtype}
+                    handle.write(json.dumps(record) + "\n")
             if progress is not None:
                 progress.update(len(batch))
     return output
