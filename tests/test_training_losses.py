@@ -36,3 +36,15 @@ def test_summary_reports_first_position_acceptance_and_expected_tau():
     _, terms = distillation_loss(draft_logits, torch.tensor([[0.5, 0.5]]), ids, target_probs, torch.tensor([[0, 0]]), torch.tensor([0, 1]))
     assert terms["acceptance_first"] == pytest.approx(0.6, abs=1e-6)
     assert terms["expected_tau"] == pytest.approx(1 + 0.6 + 0.36, abs=1e-6)
+
+
+def test_greedy_summary_counts_argmax_agreement_until_the_first_miss():
+    """greedy_first is the share of blocks whose first argmax is the target's top-1; greedy_tau stops a block at its first miss."""
+    # Two blocks of three positions; the target's top-1 is id 0 everywhere (listed first).
+    ids = torch.tensor([[[0, 1]] * 3, [[0, 1]] * 3])
+    target_probs = torch.tensor([[[0.7, 0.3]] * 3] * 2)
+    agree, miss = [0.9, 0.1], [0.2, 0.8]
+    draft = torch.log(torch.tensor([[agree, miss, agree], [agree, agree, agree]]))
+    _, terms = distillation_loss(draft, torch.full((2, 3), 0.5), ids, target_probs, torch.zeros((2, 3), dtype=torch.long), torch.tensor([0, 1]))
+    assert terms["greedy_first"] == 1.0
+    assert terms["greedy_tau"] == pytest.approx(1 + (1 + 3) / 2)  # the first block stops after one, the second runs through

@@ -61,4 +61,9 @@ def distillation_loss(
     # every position verified, were acceptances independent along the block (teacher-forced, so optimistic).
     summary["acceptance_first"] = float(acceptance[..., 0].mean())
     summary["expected_tau"] = float(1.0 + acceptance.cumprod(dim=-1).sum(dim=-1).mean())
+    # Greedy verification: the draft's argmax must be the target's (its top-1, target_ids[..., 0]). On
+    # the target's own greedy text this is what the loop accepts, block by block, with no optimism.
+    agrees = (draft_vocab[draft_logits.argmax(dim=-1)] == target_ids[..., 0].long()).float()
+    summary["greedy_first"] = float(agrees[..., 0].mean())
+    summary["greedy_tau"] = float(1.0 + agrees.cumprod(dim=-1).sum(dim=-1).mean())
     return loss, summary
