@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--generate-batch-size", type=int, default=8)
     train.add_argument(
         "--generate-dtype", default=None, choices=["float32", "bfloat16", "float16"],
-        help="answer with a copy of the target in this dtype (bfloat16: 2-3x faster on CPUs with AMX and on GPUs); labels always come from the target",
+        help="answer with a copy of the target in this dtype (bfloat16 decodes faster on CPUs with AMX and on GPUs); labels always come from the target",
     )
     train.add_argument(
         "--stage", default="all", choices=["all", "data", "train"],

@@ -92,7 +92,7 @@ def regenerate_answers(target, tokenizer, work_dir: str | Path, data: DataConfig
     """The target's answers to ``data.prompts`` training prompts, appended to ``work_dir/data.jsonl``
     (already answered prompts are skipped, so a rerun resumes). Returns that path.
 
-    With ``data.generate_dtype`` a copy of the target in that dtype answers (bfloat16 decodes 2-3x
+    With ``data.generate_dtype`` a copy of the target in that dtype answers (bfloat16 decodes
     faster on CPUs with AMX and on GPUs): its answers are the target's text up to rounding, a
     greedy answer may part from the target's own path where two tokens nearly tie.
     """
