@@ -99,7 +99,8 @@ def regenerate_answers(target, tokenizer, work_dir: str | Path, data: DataConfig
     output = Path(work_dir) / "data.jsonl"
     prompts = training_prompts(data_dir, "train", limit=data.prompts, seed=data.seed)
     answerer = target
-    if data.generate_dtype is not None and getattr(torch, data.generate_dtype) != target.get_input_embeddings().weight.dtype:
+    generates = any(mode != "reference" for mode in data.modes)  # reference answers are only written, never generated
+    if generates and data.generate_dtype is not None and getattr(torch, data.generate_dtype) != target.get_input_embeddings().weight.dtype:
         answerer = copy.deepcopy(target).to(getattr(torch, data.generate_dtype))
     with _bar(progress, len(prompts) * len(data.modes), "regenerating answers", "prompt") as bar:
         regenerate(
