@@ -316,13 +316,14 @@ class GoodputFallbackRun:
                 gains, self.verify[candidates].round().long(), float(self.priority[rows].sum()), rows.numel(),
                 self.cost_model.step_time, self.resume_draft_time,
             )
+        cap = self.probe_interval_cap(rows.numel())
         due = ~chosen & (self.skipped[rows] >= self.interval[rows])
-        if bool(due.any()) and not self._a_probe_could_pay(rows):
+        if bool(due.any()) and not self._a_probe_could_pay(rows, cap):
             due[:] = False
         probes = ~observed | due
         # A probe of a row its estimate keeps out waits twice as long for the next; a row back in starts over.
         backed_off = rows[probes & observed]
-        self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(self.probe_interval_cap(rows.numel()))
+        self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(cap)
         self.interval[rows[chosen]] = self.fallback.probe_after
         self.fallback.prior.remember_probe_interval(self.band, rows.numel(), int(self.interval[rows].min()))
         drafting = chosen | probes
@@ -343,14 +344,15 @@ class GoodputFallbackRun:
         due = self.skipped[rows] >= self.interval[rows]
         return tuple(rows.tolist()), tuple(due.tolist()), self.idle_seconds, self.fallback.prior.version
 
-    def _a_probe_could_pay(self, rows: torch.Tensor) -> bool:
+    def _a_probe_could_pay(self, rows: torch.Tensor, probe_interval_cap: int) -> bool:
         """Whether drafting one row that gains as much as the best row ever did here would pay (True while
         fewer than ``_CEILING_EVIDENCE`` drafted rows were seen here, and where probing every ``probe_after``
-        steps stays within ``_PROBE_BUDGET``: such probes are too cheap to give up)."""
+        steps stays within ``_PROBE_BUDGET``, which ``probe_interval_cap`` (this step's) says: such probes are too
+        cheap to give up)."""
         ceiling = self.fallback.prior.ceiling(self.band, rows.numel())
         if ceiling is None or self.fallback.prior.evidence(self.band, rows.numel()) < _CEILING_EVIDENCE:
             return True
-        if self.probe_interval_cap(rows.numel()) <= self.fallback.probe_after:
+        if probe_interval_cap <= self.fallback.probe_after:
             return True
         gain = torch.tensor([ceiling[0] * float(self.priority[rows].max())], dtype=torch.float64)
         return bool(self.fallback.choose(
