@@ -4,11 +4,12 @@ import subprocess
 import sys
 import warnings
 
+import attrs
 import pytest
 import torch
 
 from dspark.drafters import SemiARConfig, SemiARDrafter
-from dspark.training import DataConfig, TrainConfig, distill_drafter, read_sequences, regenerate_answers, training_pools
+from dspark.training import DataConfig, TrainConfig, checkpoint_dir, distill_drafter, read_sequences, regenerate_answers, training_pools
 from tests.conftest import build_model, tiny_data_dir, word_tokenizer
 
 
@@ -35,6 +36,17 @@ def test_distill_drafter_regenerates_stores_trains_and_resumes(tmp_path):
     again = distill_drafter(target, tokenizer, _config(target), tmp_path / "work", data, QUICK, stage="train", progress=False, log=rerun_logs.append)
     assert any(line.startswith("resumed from step 4") for line in rerun_logs)
     assert all(torch.equal(a, b) for a, b in zip(drafter.state_dict().values(), again.state_dict().values()))
+
+
+def test_a_run_resumes_only_a_checkpoint_of_its_own_settings(tmp_path):
+    """Changing the step count keeps the checkpoint folder; changing loss weights, learning rate, seed or the drafter's shape gives a new one."""
+    target = build_model("llama")
+    config, folder = _config(target), checkpoint_dir(tmp_path, _config(target), QUICK)
+    assert folder.parent == tmp_path and folder.name.startswith("checkpoint-")
+    assert checkpoint_dir(tmp_path, config, attrs.evolve(QUICK, steps=40, validate_every=7)) == folder
+    changed = [attrs.evolve(QUICK, loss_weights=(1.0, 0.9, 1.0)), attrs.evolve(QUICK, learning_rate=2e-3), attrs.evolve(QUICK, seed=1)]
+    assert len({folder, *(checkpoint_dir(tmp_path, config, train_config) for train_config in changed)}) == 4
+    assert checkpoint_dir(tmp_path, attrs.evolve(config, rank=8), QUICK) != folder
 
 
 def test_a_bfloat16_copy_answers_and_the_target_is_left_as_it_was(tmp_path):

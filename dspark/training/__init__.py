@@ -7,7 +7,7 @@ dependencies.
 
 from dspark.training.data import EvalPrompt, PromptRecord, default_data_dir, eval_prompts, held_out_for_validation, spec_bench_questions, split_of, training_prompts
 from dspark.training.losses import distillation_loss, position_weights
-from dspark.training.pipeline import DataConfig, TrainingPools, distill_drafter, regenerate_answers, training_pools
+from dspark.training.pipeline import DataConfig, TrainingPools, checkpoint_dir, distill_drafter, regenerate_answers, training_pools
 from dspark.training.regeneration import MODES, frequent_tokens, read_sequences, regenerate
 from dspark.training.store import TargetSequence, build_target_store, target_features
 from dspark.training.trainer import TrainConfig, sample_anchors, train, validate
@@ -21,6 +21,7 @@ __all__ = [
     "TrainConfig",
     "TrainingPools",
     "build_target_store",
+    "checkpoint_dir",
     "default_data_dir",
     "distill_drafter",
     "distillation_loss",

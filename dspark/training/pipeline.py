@@ -31,7 +31,11 @@ from dspark.training.regeneration import MODES, frequent_tokens, read_sequences,
 from dspark.training.store import TargetSequence, build_target_store
 from dspark.training.trainer import TrainConfig, train
 
-__all__ = ["DataConfig", "TrainingPools", "distill_drafter", "regenerate_answers", "training_pools"]
+__all__ = ["DataConfig", "RESUMABLE_ACROSS", "TrainingPools", "checkpoint_dir", "distill_drafter", "regenerate_answers", "training_pools"]
+
+#: TrainConfig fields that do not change what a step computes: a run resumes across changes to them
+#: (``steps`` included, so a stopped run can be extended; its schedule then follows the new count).
+RESUMABLE_ACROSS = ("steps", "checkpoint_every", "validate_every", "log_every_seconds")
 
 STAGES = ("all", "data", "train")
 
@@ -137,6 +141,15 @@ def _draft_vocab(records: list[dict], config: SemiARConfig, data: DataConfig) ->
     return frequent_tokens(own, config.vocab_size, config.target.vocab_size, then=dataset)
 
 
+def checkpoint_dir(work_dir: str | Path, config: SemiARConfig, train_config: TrainConfig) -> Path:
+    """The checkpoint folder of one training run under ``work_dir``: keyed by the drafter's shape and
+    every optimisation setting but those in ``RESUMABLE_ACROSS``, so that a changed loss weight,
+    learning rate or seed starts its own run instead of resuming another."""
+    settings = {name: value for name, value in attrs.asdict(train_config).items() if name not in RESUMABLE_ACROSS}
+    identity = config.to_json() + repr(sorted(settings.items()))
+    return Path(work_dir) / f"checkpoint-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
+
+
 def distill_drafter(
     target,
     tokenizer,
@@ -173,8 +186,7 @@ def distill_drafter(
     drafter = SemiARDrafter(config, target, draft_vocab=_draft_vocab(records, config, data))
     pools = training_pools(records, store, data)
     log(f"training pool: {len(pools.training)} draws per pass, {pools.own_answers} own answers × {data.own_weight}, {pools.dataset_answers} dataset answers")
-    # One checkpoint folder per drafter shape, so a changed configuration never resumes a mismatched run.
-    checkpoint = work_dir / f"checkpoint-{hashlib.sha256(config.to_json().encode()).hexdigest()[:10]}"
+    checkpoint = checkpoint_dir(work_dir, config, train_config)
     with _bar(progress, train_config.steps, "training drafter", "step") as bar:
         train(drafter, pools.training, train_config, checkpoint_dir=checkpoint, progress=bar, log=log, validation=pools.validation)
     return drafter
