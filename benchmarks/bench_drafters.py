@@ -117,6 +117,11 @@ class _Acceptance:
         }
 
 
+def _category_summary(summary: dict) -> dict:
+    """τ and first-position acceptance of one category's counts, and how many blocks they rest on."""
+    return {"tau": summary["tau"], "first_position": summary["position_acceptance"][0], "blocks": summary["position_reached"][0]}
+
+
 def _versus_parallel_only(drafters: dict, summaries: dict) -> dict:
     """Per drafter: τ over the parallel-only drafter's τ, and mean conditional acceptance at positions 2..γ.
 
@@ -167,6 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
     drafters, prompts = _drafters(args, target), eval_prompts(args.data_dir, args.spec_per_category, args.humaneval, args.gsm8k)
     modes = [mode for mode in args.modes.split(",") if mode]
     acceptance = {mode: {name: _Acceptance(args.gamma) for name in drafters} for mode in modes}
+    # The same counts per prompt category: where a drafter's text transfers and where it does not.
+    by_category = {mode: {name: collections.defaultdict(lambda: _Acceptance(args.gamma)) for name in drafters} for mode in modes}
     speed = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))  # category -> method -> [tokens, s]
 
     def record_speed(category, method, tokens, seconds):
@@ -219,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
                 sampling = {"do_sample": True, "generator": torch.Generator().manual_seed(index)} if mode == "sample" else {}
                 result, seconds = _timed(lambda: model.generate(**encoded, max_new_tokens=args.max_new_tokens, **sampling))
                 acceptance[mode][name].add(result.stats)
+                by_category[mode][name][prompt.category].add(result.stats)
                 if mode == "greedy":
                     tokens = generated_tokens(result.sequences, length, eos)[0]
                     record_speed(prompt.category, name, tokens, seconds)
@@ -255,6 +263,13 @@ def main(argv: list[str] | None = None) -> dict:
         "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["bench_drafters.py", *argv]),
         "settings": {"gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "drafters": list(drafters), "modes": modes},
         "acceptance": summaries,
+        "acceptance_by_category": {
+            mode: {
+                name: {category: _category_summary(counter.summary()) for category, counter in counters.items()}
+                for name, counters in by_name.items()
+            }
+            for mode, by_name in by_category.items()
+        },
         "versus_parallel_only": {mode: _versus_parallel_only(drafters, summaries[mode]) for mode in modes},
         "one_token_step_ms": one_token_ms,
         # Drafting time per step (first mode) over one plain target step: the issue's "at most 25%" budget.
