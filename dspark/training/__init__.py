@@ -5,6 +5,7 @@ Not imported by ``import dspark``, and needs none of the optional extras: only d
 dependencies.
 """
 
+from dspark.training.agreement import Agreement, agreeing_prefixes, greedy_agreement
 from dspark.training.data import EvalPrompt, PromptRecord, default_data_dir, eval_prompts, held_out_for_validation, spec_bench_questions, split_of, training_prompts
 from dspark.training.losses import distillation_loss, position_weights
 from dspark.training.pipeline import DataConfig, TrainingPools, checkpoint_dir, distill_drafter, regenerate_answers, training_pools
@@ -13,6 +14,7 @@ from dspark.training.store import TargetSequence, build_target_store, target_fea
 from dspark.training.trainer import TrainConfig, sample_anchors, train, validate
 
 __all__ = [
+    "Agreement",
     "DataConfig",
     "EvalPrompt",
     "MODES",
@@ -20,6 +22,7 @@ __all__ = [
     "TargetSequence",
     "TrainConfig",
     "TrainingPools",
+    "agreeing_prefixes",
     "build_target_store",
     "checkpoint_dir",
     "default_data_dir",
@@ -27,6 +30,7 @@ __all__ = [
     "distillation_loss",
     "eval_prompts",
     "frequent_tokens",
+    "greedy_agreement",
     "held_out_for_validation",
     "position_weights",
     "read_sequences",
