@@ -30,7 +30,7 @@ from dspark import pretrained
 from dspark.benchmarking import generated_tokens, write_json
 from dspark.drafters import SemiARDrafter
 from dspark.pretrained import encode_chat
-from dspark.training import Agreement, eval_prompts, greedy_agreement, held_out_for_validation, read_sequences
+from dspark.training import Agreement, TargetPass, eval_prompts, greedy_agreement, held_out_for_validation, read_sequences
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -106,8 +106,9 @@ def main(argv: list[str] | None = None) -> dict:
     texts = _texts(args, bundle)
     counts = {name: collections.defaultdict(Agreement) for name in drafters}
     for group, tokens, prompt_length in tqdm(texts, desc="scoring", unit="text"):
+        target_pass = TargetPass.of(bundle.target, tokens)
         for name, drafter in drafters.items():
-            counts[name][group] += greedy_agreement(drafter, bundle.target, tokens, prompt_length)
+            counts[name][group] += greedy_agreement(drafter, target_pass, prompt_length)
     report = {
         "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["drafter_agreement.py", *argv]),
         "settings": {**vars(args), "held_out": None if args.held_out is None else str(args.held_out), "output": str(args.output)},

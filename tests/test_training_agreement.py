@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import dspark
-from dspark.training.agreement import Agreement, agreeing_prefixes, greedy_agreement
+from dspark.training.agreement import Agreement, TargetPass, agreeing_prefixes, greedy_agreement
 from dspark.verify import FixedLength
 from tests.conftest import build_model, left_padded_batch, tiny_semi_ar_drafter
 
@@ -16,7 +16,7 @@ def test_prefixes_equal_what_the_loop_accepts_at_its_anchors(anchor_input):
     drafter = tiny_semi_ar_drafter(target, max_draft_tokens=3, anchor_input=anchor_input)
     input_ids, attention_mask = left_padded_batch([7], vocab_size=12)
     text = target.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=40, do_sample=False, eos_token_id=None)[0]
-    prefixes = agreeing_prefixes(drafter, target, text, prompt_length=7)
+    prefixes = agreeing_prefixes(drafter, TargetPass.of(target, text), prompt_length=7)
     assert prefixes.shape == (text.numel() - 3 - 6,)
     result = dspark.wrap(target, drafter, policy=FixedLength(3)).generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=40, eos_token_id=[])
     assert torch.equal(result.sequences[0], text)
@@ -39,11 +39,12 @@ def test_agreement_counts_rates_and_sums():
 
 
 def test_sequences_too_short_for_a_block_and_bad_arguments():
-    """No anchor fits: an empty Agreement; a batch or a prompt length outside the tokens is refused."""
+    """No anchor fits: an empty Agreement; a batch, or a prompt length outside the tokens, is refused."""
     target = build_model("llama", vocab_size=12)
     drafter = tiny_semi_ar_drafter(target, max_draft_tokens=3)
-    assert greedy_agreement(drafter, target, torch.tensor([3, 4, 5]), prompt_length=2) == Agreement()
+    short = TargetPass.of(target, torch.tensor([3, 4, 5]))
+    assert greedy_agreement(drafter, short, prompt_length=2) == Agreement()
     with pytest.raises(ValueError, match="one sequence"):
-        greedy_agreement(drafter, target, torch.tensor([[3, 4, 5]]), prompt_length=2)
+        TargetPass.of(target, torch.tensor([[3, 4, 5]]))
     with pytest.raises(ValueError, match="prompt_length"):
-        greedy_agreement(drafter, target, torch.tensor([3, 4, 5]), prompt_length=4)
+        greedy_agreement(drafter, short, prompt_length=4)

@@ -5,7 +5,7 @@ Not imported by ``import dspark``, and needs none of the optional extras: only d
 dependencies.
 """
 
-from dspark.training.agreement import Agreement, agreeing_prefixes, greedy_agreement
+from dspark.training.agreement import Agreement, TargetPass, agreeing_prefixes, greedy_agreement
 from dspark.training.data import EvalPrompt, PromptRecord, default_data_dir, eval_prompts, held_out_for_validation, spec_bench_questions, split_of, training_prompts
 from dspark.training.losses import distillation_loss, position_weights
 from dspark.training.pipeline import DataConfig, TrainingPools, checkpoint_dir, distill_drafter, regenerate_answers, training_pools
@@ -19,6 +19,7 @@ __all__ = [
     "EvalPrompt",
     "MODES",
     "PromptRecord",
+    "TargetPass",
     "TargetSequence",
     "TrainConfig",
     "TrainingPools",

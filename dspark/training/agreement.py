@@ -19,7 +19,7 @@ import torch
 
 from dspark.checks import int_at_least
 
-__all__ = ["Agreement", "agreeing_prefixes", "greedy_agreement"]
+__all__ = ["Agreement", "TargetPass", "agreeing_prefixes", "greedy_agreement"]
 
 
 @attrs.frozen
@@ -49,29 +49,46 @@ class Agreement:
         return 1.0 + self.accepted / self.blocks if self.blocks else 1.0
 
 
+@attrs.frozen(eq=False)
+class TargetPass:
+    """One target forward over a sequence ``tokens`` [L]: every hidden state [1, L, d] and the greedy
+    choice after each position, ``choices`` [L]. Made once per text, shared by every drafter scored on it."""
+
+    tokens: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...]
+    choices: torch.Tensor
+
+    @classmethod
+    @torch.inference_mode()
+    def of(cls, target, tokens: torch.Tensor) -> "TargetPass":
+        """The pass of ``target`` (a transformers causal LM) over ``tokens`` [L]."""
+        if tokens.dim() != 1:
+            raise ValueError(f"tokens must be one sequence [L], got shape {tuple(tokens.shape)}")
+        outputs = target(input_ids=tokens[None], output_hidden_states=True)
+        return cls(tokens=tokens, hidden_states=tuple(outputs.hidden_states), choices=outputs.logits[0].argmax(dim=-1).to(tokens.device))
+
+
 @torch.inference_mode()
-def agreeing_prefixes(drafter, target, tokens: torch.Tensor, prompt_length: int) -> torch.Tensor:
-    """n_a for every anchor a = P − 1 .. L − 1 − γ of ``tokens`` [L] whose answer starts at
-    ``prompt_length`` = P (module docstring), LongTensor[A] (empty when no block fits): one target forward
-    and one teacher-forced pass of ``drafter`` (a ``SemiARDrafter``)."""
-    if tokens.dim() != 1:
-        raise ValueError(f"tokens must be one sequence [L], got shape {tuple(tokens.shape)}")
+def agreeing_prefixes(drafter, target_pass: TargetPass, prompt_length: int) -> torch.Tensor:
+    """n_a for every anchor a = P − 1 .. L − 1 − γ of the pass's tokens, whose answer starts at
+    ``prompt_length`` = P (module docstring), LongTensor[A] (empty when no block fits): one
+    teacher-forced pass of ``drafter`` (a ``SemiARDrafter``) on ``target_pass``."""
+    tokens = target_pass.tokens
     if not 1 <= prompt_length <= tokens.numel():
         raise ValueError(f"prompt_length must be in [1, {tokens.numel()}] for these tokens, got {prompt_length!r}")
     gamma, length = drafter.config.max_draft_tokens, tokens.numel()
     if length - gamma <= prompt_length - 1:
         return torch.zeros(0, dtype=torch.long, device=tokens.device)
     anchors = torch.arange(prompt_length - 1, length - gamma, device=tokens.device)
-    outputs = target(input_ids=tokens[None], output_hidden_states=True)
-    features = torch.cat([outputs.hidden_states[layer] for layer in drafter.target_layers], dim=-1)
+    features = torch.cat([target_pass.hidden_states[layer] for layer in drafter.target_layers], dim=-1)
     # y_{a+k} for k = 1..γ is the target's argmax after position a + k − 1.
-    choices = outputs.logits[0].argmax(dim=-1).to(tokens.device)[anchors[:, None] + torch.arange(gamma, device=tokens.device)]
+    choices = target_pass.choices[anchors[:, None] + torch.arange(gamma, device=tokens.device)]
     logits, _ = drafter.training_outputs(features.to(tokens.device), tokens[None], anchors[None])
     drafted = drafter.draft_vocab[logits[0].argmax(dim=-1)]
     return (drafted == choices).long().cumprod(dim=-1).sum(dim=-1)
 
 
-def greedy_agreement(drafter, target, tokens: torch.Tensor, prompt_length: int) -> Agreement:
+def greedy_agreement(drafter, target_pass: TargetPass, prompt_length: int) -> Agreement:
     """The ``Agreement`` counts of ``agreeing_prefixes``."""
-    prefixes = agreeing_prefixes(drafter, target, tokens, prompt_length)
+    prefixes = agreeing_prefixes(drafter, target_pass, prompt_length)
     return Agreement(blocks=prefixes.numel(), first=int((prefixes > 0).sum()), accepted=int(prefixes.sum()))
