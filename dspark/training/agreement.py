@@ -9,7 +9,11 @@ y_{a+k} = argmax p_t(· | x_{≤a+k−1}). Block a agrees up to n_a = max{n : x�
 
 On the target's own greedy answers (x = y there) this is what greedy verification with every drafted
 position verified accepts from that anchor: first-position agreement P(n_a ≥ 1) and
-τ = 1 + mean n_a. It needs no timing, so candidates can be compared while other jobs run.
+τ = 1 + mean n_a. Over *every* anchor that reads higher than generation does: generation drafts only
+from the anchors of its walk, a_0 = P − 1 and a_{i+1} = a_i + n_{a_i} + 1, each just after the
+token where the previous block missed, which is harder than an average position. ``anchors="walk"``
+scores those alone, which is the generate loop's own count for its full-width blocks. Neither needs
+timing, so candidates can be compared while other jobs run.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ import torch
 
 from dspark.checks import int_at_least
 
-__all__ = ["Agreement", "TargetPass", "agreeing_prefixes", "greedy_agreement"]
+__all__ = ["ANCHOR_SETS", "Agreement", "TargetPass", "agreeing_prefixes", "greedy_agreement", "walk"]
+
+#: Which anchors ``greedy_agreement`` scores: all of them, or generation's walk (module docstring).
+ANCHOR_SETS = ("all", "walk")
 
 
 @attrs.frozen
@@ -34,6 +41,11 @@ class Agreement:
     def __attrs_post_init__(self):
         if self.first > self.blocks or self.first > self.accepted:
             raise ValueError(f"first must be at most blocks and accepted, got first={self.first}, blocks={self.blocks}, accepted={self.accepted}")
+
+    @classmethod
+    def of(cls, prefixes: torch.Tensor) -> "Agreement":
+        """The counts of agreeing prefix lengths n_a, ``prefixes`` [A]."""
+        return cls(blocks=prefixes.numel(), first=int((prefixes > 0).sum()), accepted=int(prefixes.sum()))
 
     def __add__(self, other: "Agreement") -> "Agreement":
         return Agreement(self.blocks + other.blocks, self.first + other.first, self.accepted + other.accepted)
@@ -88,7 +100,19 @@ def agreeing_prefixes(drafter, target_pass: TargetPass, prompt_length: int) -> t
     return (drafted == choices).long().cumprod(dim=-1).sum(dim=-1)
 
 
-def greedy_agreement(drafter, target_pass: TargetPass, prompt_length: int) -> Agreement:
-    """The ``Agreement`` counts of ``agreeing_prefixes``."""
+def walk(prefixes: torch.Tensor) -> torch.Tensor:
+    """Indices into ``prefixes`` [A] (n_a of consecutive anchors) of generation's walk: 0, then each
+    i + n_i + 1 while it is below A."""
+    steps, index, counts = [], 0, prefixes.tolist()
+    while index < len(counts):
+        steps.append(index)
+        index += counts[index] + 1
+    return torch.tensor(steps, dtype=torch.long, device=prefixes.device)
+
+
+def greedy_agreement(drafter, target_pass: TargetPass, prompt_length: int, anchors: str = "all") -> Agreement:
+    """The ``Agreement`` counts of ``agreeing_prefixes`` over every anchor, or over generation's ``walk``."""
+    if anchors not in ANCHOR_SETS:
+        raise ValueError(f"anchors must be one of {ANCHOR_SETS}, got {anchors!r}")
     prefixes = agreeing_prefixes(drafter, target_pass, prompt_length)
-    return Agreement(blocks=prefixes.numel(), first=int((prefixes > 0).sum()), accepted=int(prefixes.sum()))
+    return Agreement.of(prefixes[walk(prefixes)] if anchors == "walk" else prefixes)
