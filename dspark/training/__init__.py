@@ -5,7 +5,7 @@ Not imported by ``import dspark``, and needs none of the optional extras: only d
 dependencies.
 """
 
-from dspark.training.agreement import Agreement, TargetPass, agreeing_prefixes, greedy_agreement
+from dspark.training.agreement import ANCHOR_SETS, Agreement, TargetPass, agreeing_prefixes, greedy_agreement, walk
 from dspark.training.data import EvalPrompt, PromptRecord, default_data_dir, eval_prompts, held_out_for_validation, spec_bench_questions, split_of, training_prompts
 from dspark.training.losses import distillation_loss, position_weights
 from dspark.training.pipeline import DataConfig, TrainingPools, checkpoint_dir, distill_drafter, regenerate_answers, training_pools
@@ -14,6 +14,7 @@ from dspark.training.store import TargetSequence, build_target_store, target_fea
 from dspark.training.trainer import TrainConfig, sample_anchors, train, validate
 
 __all__ = [
+    "ANCHOR_SETS",
     "Agreement",
     "DataConfig",
     "EvalPrompt",
@@ -45,4 +46,5 @@ __all__ = [
     "training_pools",
     "training_prompts",
     "validate",
+    "walk",
 ]
