@@ -3,8 +3,8 @@
 The same pipeline as ``dspark train``: the target answers training prompts itself, one target
 forward per answer is stored, and the drafter is trained on anchor blocks of those answers with
 resumable checkpoints. ``greedy_agreement`` then scores it on the target's own answer without timing
-anything: what greedy verification accepts, anchor by anchor. A real drafter trains for thousands of steps on thousands of answers (see
-docs/training.rst); this one is just big enough to show every stage.
+anything: what greedy verification accepts, anchor by anchor. A real drafter trains for thousands of
+steps on thousands of answers (see docs/training.rst); this one is just big enough to show every stage.
 """
 
 import tempfile
