@@ -152,7 +152,12 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     cache = RaggedCache(batch, device, hole_budget=strategy.max_draft_tokens + 1)
     records = []
     generation = GenerationStart(rows=batch, device=device, max_draft_tokens=strategy.max_draft_tokens,
-                                 max_length=prompt_length + spec.max_new_tokens, sampling=spec.sampling, priority=spec.priority)
+                                 max_length=prompt_length + spec.max_new_tokens, sampling=spec.sampling, priority=spec.priority,
+                                 prompt_length=prompt_length)
+    # The cost model first: it may switch to a table of this generation's shape, which the fallback reads.
+    cost_start = hook(strategy.cost_model, "start", COST_MODEL_HOOKS)
+    if cost_start is not None:
+        cost_start(generation)
     priority = torch.ones(batch, device=device) if spec.priority is None else spec.priority
     host_caps, host_rows = None if spec.draft_caps is None else spec.draft_caps.cpu(), torch.arange(batch)
     fallback = hook(strategy.policy, "row_fallback", POLICY_HOOKS)

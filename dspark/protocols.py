@@ -182,6 +182,10 @@ ESTIMATOR_HOOKS: dict[str, Hook] = {
 
 #: Optional cost-model members. Absent ones take their default.
 COST_MODEL_HOOKS: dict[str, Hook] = {
+    "start": Hook(
+        None, callable, "a method start(GenerationStart) -> bool",
+        "called once per generation before anything reads the model; True when its answers may have changed (e.g. another profiled table)",
+    ),
     "observe_step": Hook(None, callable, "a method observe_step(rows, tokens, seconds)", "each step's measured target forward, to correct the model online"),
     "observe_draft": Hook(None, callable, "a method observe_draft(rows, seconds)", "each step's measured drafting time, to correct the model online"),
 }

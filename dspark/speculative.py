@@ -28,7 +28,7 @@ __all__ = ["SpeculativeModel", "wrap", "generate", "profiled_cost_model", "DEFAU
 
 #: Block width γ when neither the policy nor the caller fixes one.
 DEFAULT_DRAFT_TOKENS = 4
-# Batch sizes profiled for a cost model made by wrap; larger batches extrapolate (monotonically).
+# Batch sizes a cost model made by wrap profiles at once; a larger batch adds powers of two up to its size.
 PROFILED_ROWS = (1, 2, 4, 8)
 
 
@@ -153,13 +153,14 @@ class SpeculativeModel:
 
 
 def profiled_cost_model(model: torch.nn.Module, drafter: Drafter, max_draft_tokens: int, fast_path=None) -> CostModel:
-    """What a target forward and a drafting pass cost here, measured once per machine, model and
-    drafter (``ProfiledCostModel.profile`` over 1–8 rows and 1 to γ + 1 tokens, cached), and corrected
-    by every step's measured times (``OnlineCorrectedCostModel``)."""
-    from dspark.cost_models import OnlineCorrectedCostModel, ProfiledCostModel
+    """What a target forward and a drafting pass cost here, at each generation's shape, corrected by every
+    step's measured times (``OnlineCorrectedCostModel``). The shape is measured once per machine, model
+    and drafter (``AutoProfiledCostModel``: 1 to γ + 1 tokens over ``PROFILED_ROWS`` at a 256-token
+    context at once; more rows and longer contexts the first time a generation needs them; all cached)."""
+    from dspark.cost_models import AutoProfiledCostModel, OnlineCorrectedCostModel
 
-    table = ProfiledCostModel.profile(
-        model, drafter, rows=PROFILED_ROWS, tokens=tuple(range(1, max_draft_tokens + 2)), repeats=3,
+    table = AutoProfiledCostModel(
+        model, drafter, tokens=tuple(range(1, max_draft_tokens + 2)), base_rows=PROFILED_ROWS, repeats=3,
         fast_path=fast_path, max_draft_tokens=max(max_draft_tokens, 1),
     )
     return OnlineCorrectedCostModel(table)

@@ -38,7 +38,9 @@ class GenerationStart:
     ``max_draft_tokens``: the block width γ of this generation; ``max_length``: the longest a row's
     context can grow (prompt plus ``max_new_tokens``); ``sampling``: how tokens are chosen;
     ``priority``: each row's weight w_r > 0 as the caller of ``generate`` gave it (FloatTensor[rows],
-    None: all equal), which goodput-maximising parts weigh the row's tokens by.
+    None: all equal), which goodput-maximising parts weigh the row's tokens by; ``prompt_length``: the
+    padded prompt's length, the context every row's cache starts from (None where unknown), which
+    cost models that depend on the context read.
     """
 
     rows: int = attrs.field(validator=int_at_least(0))
@@ -47,6 +49,11 @@ class GenerationStart:
     max_length: int = attrs.field(validator=int_at_least(1))
     sampling: SamplingConfig = attrs.field(validator=attrs.validators.instance_of(SamplingConfig))
     priority: torch.Tensor | None = None
+    prompt_length: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
+
+    def __attrs_post_init__(self):
+        if self.prompt_length is not None and self.prompt_length > self.max_length:
+            raise ValueError(f"prompt_length must be <= max_length ({self.max_length}), got {self.prompt_length!r}")
 
 
 @attrs.frozen

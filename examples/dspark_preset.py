@@ -1,6 +1,7 @@
 """Profile what a target forward costs on this machine, then generate with the DSpark preset: the
 hardware-aware prefix scheduler (paper Algorithm 1) verifies only the draft tokens whose expected
-acceptance pays for their place in the forward. Tiny random models, so it runs in seconds.
+acceptance pays for their place in the forward. A larger batch of longer prompts gets a table of its
+own shape, profiled the first time. Tiny random models, so it runs in seconds.
 """
 
 import torch
@@ -28,3 +29,11 @@ reference = target.generate(prompts, attention_mask=torch.ones_like(prompts), ma
 verified = [record.verify_lengths.tolist() for record in result.stats.records[:4]]
 print(f"verify lengths of the first steps: {verified}; tau {result.stats.tau:.2f}")
 print("identical to model.generate:", torch.equal(result.sequences, reference))
+
+# 12 rows of 300-token prompts: the cost model switches to a table over 1-16 rows at a 362-token context.
+long_prompts = torch.randint(3, 256, (12, 300), generator=torch.Generator().manual_seed(2))
+before = cost_model.step_time(12, 2)
+result = dspark.SpeculativeModel(target, strategy).generate(long_prompts, attention_mask=torch.ones_like(long_prompts), max_new_tokens=16)
+rows, context = cost_model.base.current_shape
+print(f"table for this batch: rows {list(rows)}, context {context}; 12 rows x 2 tokens {1000 * before:.2f} ms before, "
+      f"{1000 * cost_model.step_time(12, 2):.2f} ms now")

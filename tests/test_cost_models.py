@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from dspark.cost_models import (
     DEVICES,
+    AutoProfiledCostModel,
     ConstantCostModel,
     CostTable,
     DeviceSpec,
@@ -18,11 +19,14 @@ from dspark.cost_models import (
     ProfiledCostModel,
     RooflineCostModel,
     from_sglang_sps,
+    context_band,
     interpolate_monotone,
     load_sglang_sps,
+    mean_context,
     measure_cpu_spec,
     monotone_envelope,
     profile_key,
+    rows_grid,
     save_sglang_sps,
     to_sglang_sps,
 )
@@ -31,6 +35,7 @@ from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.drafters import PromptLookupDrafter
 from dspark.fast_path import REVISION, FastPath
 from dspark.protocols import CostModel
+from dspark.types import GenerationStart, SamplingConfig
 from tests.conftest import build_model, tiny_semi_ar_drafter
 from tests.strategies import cost_grids
 
@@ -387,6 +392,87 @@ def test_roofline_refuses_bad_specs(build, error, message):
     """Non-positive bandwidth or peaks, negative overhead, unknown devices or dtypes and bad arguments are refused by name."""
     with pytest.raises(error, match=message):
         build()
+
+
+# -- auto-profiled: a table per generation shape -----------------------------------------------
+
+
+def _start(rows: int, prompt: int | None, max_length: int) -> GenerationStart:
+    return GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=3, max_length=max_length,
+                           sampling=SamplingConfig(), prompt_length=prompt)
+
+
+def test_context_band_rounds_to_the_nearest_half_octave_and_never_below_the_base():
+    """context_band: the base at or below it, else the nearest of base·2^(k/2) by ratio (256, 362, 512, 724, ...)."""
+    assert [context_band(value) for value in (0, 100, 256, 300, 310, 420, 500, 612, 834, 1024)] == [256, 256, 256, 256, 362, 362, 512, 724, 724, 1024]
+    assert context_band(90, base=64) == 91
+    with pytest.raises(ValueError, match="context"):
+        context_band(-1)
+
+
+def test_rows_grid_doubles_the_base_until_it_reaches_the_batch():
+    """rows_grid keeps the base rows and adds doublings of the largest until one is >= rows."""
+    assert rows_grid(3) == (1, 2, 4, 8) and rows_grid(8) == (1, 2, 4, 8)
+    assert rows_grid(9) == (1, 2, 4, 8, 16) and rows_grid(32) == (1, 2, 4, 8, 16, 32) and rows_grid(20, (1, 3)) == (1, 3, 6, 12, 24)
+    with pytest.raises(ValueError, match="base"):
+        rows_grid(4, (2, 1))
+
+
+def test_mean_context_is_the_prompt_plus_half_the_new_tokens():
+    """mean_context: P + N/2 from the prompt length, or max_length where the prompt length is unknown."""
+    assert mean_context(_start(2, 700, 764)) == 732 and mean_context(_start(2, None, 764)) == 764
+    with pytest.raises(ValueError, match="prompt_length"):
+        _start(2, 800, 764)
+
+
+def test_auto_profiled_model_profiles_each_shape_once_and_answers_from_the_current_one(target, tmp_path, monkeypatch):
+    """The base shape is profiled at once; start switches to a generation's (rows grid, context band), profiling a
+    shape only the first time (memory, then the disk cache), and says whether the answering table changed."""
+    shapes = []
+    measure = profiled_module.ProfiledCostModel.profile.__func__
+
+    def counted(cls, target_, drafter=None, **kwargs):
+        shapes.append((kwargs["rows"], kwargs["context"]))
+        return measure(cls, target_, drafter, **kwargs)
+
+    monkeypatch.setattr(ProfiledCostModel, "profile", classmethod(counted))
+    settings_ = dict(tokens=(1, 2), base_rows=(1, 2), base_context=8, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False)
+    model = AutoProfiledCostModel(target, PromptLookupDrafter(), **settings_)
+    assert isinstance(model, CostModel) and shapes == [((1, 2), 8)] and model.current_shape == ((1, 2), 8)
+    assert model.start(_start(2, 4, 10)) is False and len(shapes) == 1  # fits the base shape: same table
+    assert model.start(_start(3, 20, 24)) is True and model.current_shape == ((1, 2, 4), 23)
+    assert model.table.rows == (1, 2, 4) and model.table.key["context"] == 23
+    assert model.step_time(3, 2) == model.current.step_time(3, 2) and model.draft_time(4) == model.current.draft_time(4)
+    assert model.start(_start(2, 4, 10)) is True and model.start(_start(4, 20, 24)) is True
+    assert shapes == [((1, 2), 8), ((1, 2, 4), 23)]  # each shape measured once
+    again = AutoProfiledCostModel(target, PromptLookupDrafter(), **settings_)
+    again.start(_start(3, 20, 24))
+    assert again.table == model.table and len(list(tmp_path.glob("*.json"))) == 2  # read from the disk cache
+    with pytest.raises(TypeError, match="generation"):
+        model.start("32 rows")
+
+
+def test_online_correction_starts_afresh_when_its_base_switches_tables(target, tmp_path):
+    """OnlineCorrectedCostModel forwards start to its base and forgets its corrections when the base's table changes,
+    keeps them when it does not, and answers from the new table."""
+    base = AutoProfiledCostModel(target, tokens=(1, 2), base_rows=(1, 2), base_context=8, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False)
+    model = OnlineCorrectedCostModel(base, smoothing=0.5)
+    for _ in range(10):
+        model.observe_step(2, 2, 10.0)
+    assert model.start(_start(2, 4, 10)) is False and model.step_correction(2, 2) > 1.5
+    assert model.start(_start(4, 20, 24)) is True and model.step_correction(2, 2) == 1.0
+    assert model.step_time(4, 2) == base.current.step_time(4, 2)
+    assert OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1)).start(_start(1, 1, 2)) is False
+
+
+def test_auto_profiled_model_refuses_bad_arguments(target, tmp_path):
+    """A target that is not a module, or a bad grid or context, is refused by name before anything is measured."""
+    with pytest.raises(TypeError, match="target"):
+        AutoProfiledCostModel("smollm2", cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="base_rows"):
+        AutoProfiledCostModel(target, base_rows=(4, 2), cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="base_context"):
+        AutoProfiledCostModel(target, base_context=0, cache_dir=tmp_path)
 
 
 # -- online correction ----------------------------------------------------------------------

@@ -212,6 +212,39 @@ def test_drafter_lifecycle(llama):
         assert running == [] and sizes[0] == 3 and min(sizes) < 3  # rows left one by one
 
 
+class RecordingCostModel:
+    """A cost model of 10 ms a step and no drafting cost that records its start hook and every call, in order."""
+
+    def __init__(self):
+        self.events = []
+
+    def start(self, generation):
+        self.events.append(("start", generation))
+        return False
+
+    def step_time(self, rows, tokens):
+        self.events.append(("step_time", rows))
+        return 0.01
+
+    def draft_time(self, rows):
+        self.events.append(("draft_time", rows))
+        return 0.0
+
+
+def test_cost_model_start_comes_first_with_the_prompts_padded_length(llama):
+    """The cost model's start hook runs once per generation, before the policy or its fallback read the model, and
+    its GenerationStart carries the padded prompt length beside max_length."""
+    input_ids, attention_mask = left_padded_batch([6, 11, 4], seed=3)
+    cost_model = RecordingCostModel()
+    policy = HardwareAwareScheduler(max_draft_tokens=3, row_fallback=GoodputFallback())
+    model = dspark.wrap(llama, DraftModelDrafter(build_model("llama", seed=1)), policy=policy, confidence=DraftProbability(), cost_model=cost_model)
+    model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=9)
+    kind, generation = cost_model.events[0]
+    assert kind == "start" and [event[0] for event in cost_model.events].count("start") == 1
+    assert (generation.rows, generation.prompt_length, generation.max_length) == (3, input_ids.shape[1], input_ids.shape[1] + 9)
+    assert len(cost_model.events) > 1
+
+
 class RecordingEstimator:
     """Draft probability that records the estimator hooks the loop calls, in order."""
 

@@ -39,7 +39,8 @@ from collections.abc import Callable
 
 from dspark.checks import check_int, check_seconds
 from dspark.fast_path import row_bucket
-from dspark.protocols import CostModel
+from dspark.protocols import COST_MODEL_HOOKS, CostModel, hook
+from dspark.types import GenerationStart
 
 __all__ = ["OnlineCorrectedCostModel"]
 
@@ -161,8 +162,8 @@ class OnlineCorrectedCostModel:
 
     ``smoothing`` α in (0, 1] is the weight of each new observation in a cell's correction (module
     docstring). ``step_time``/``draft_time`` stay non-decreasing in rows and tokens whatever is
-    observed, given a base that is (every cost model in dspark is). ``base`` is assumed fixed: its
-    answers are cached.
+    observed, given a base that is (every cost model in dspark is). The base's answers are cached
+    until its ``start`` hook (forwarded by ``start``) says they changed.
     """
 
     def __init__(self, base: CostModel, smoothing: float = 0.1):
@@ -177,6 +178,17 @@ class OnlineCorrectedCostModel:
 
     def __repr__(self) -> str:
         return f"OnlineCorrectedCostModel({self.base!r}, smoothing={self.smoothing})"
+
+    def start(self, generation: GenerationStart) -> bool:
+        """Forward a generation's start to the base's optional ``start`` hook; when the base says its answers
+        changed (another profiled table), forget what was learnt, which corrected the old answers. Returns
+        the base's answer (False for a base without the hook)."""
+        start = hook(self.base, "start", COST_MODEL_HOOKS)
+        changed = bool(start(generation)) if start is not None else False
+        if changed:
+            self._steps = _CorrectedSurface(self.base.step_time, self.smoothing)
+            self._drafts = _CorrectedSurface(lambda rows, tokens: self.base.draft_time(rows), self.smoothing)
+        return changed
 
     def observe_step(self, rows: int, tokens: int, seconds: float) -> None:
         """Learn that a target forward over ``rows`` rows of ``tokens`` new tokens took ``seconds``."""

@@ -377,8 +377,8 @@ def _draft_seconds(target, drafter, rows: int, context: int, max_draft_tokens: i
     """Median seconds of ``drafter.propose`` for ``rows`` rows in the steady state of a generation.
 
     The context is ``context`` random tokens per row. As in dspark's loop: ``start``, a first
-    (untimed) proposal that also takes in the context (with the target's features of it when the
-    drafter reads ``target_layers``, from one real target forward), then per repeat an ``observe``
+    (untimed) proposal that also takes in the context (with random features of the target's hidden
+    widths when the drafter reads ``target_layers``), then per repeat an ``observe``
     of a step that kept nothing and a proposal after one new committed token. Random tokens rarely
     repeat, so an n-gram drafter's lookups find little: its time here is the no-match cost.
     """
@@ -393,12 +393,15 @@ def _draft_seconds(target, drafter, rows: int, context: int, max_draft_tokens: i
     layers = hook(drafter, "target_layers", DRAFTER_HOOKS)
     start = hook(drafter, "start", DRAFTER_HOOKS)
     if start is not None:
-        start(GenerationStart(rows=rows, device=device, max_draft_tokens=max_draft_tokens, max_length=width, sampling=sampling))
+        start(GenerationStart(rows=rows, device=device, max_draft_tokens=max_draft_tokens, max_length=width, sampling=sampling, prompt_length=context))
     features = feature_mask = None
     if layers and context > 1:
+        # Random features of the target's widths and dtype: a drafting pass's time does not depend on their
+        # values, and a real target forward over rows × context tokens would cost far more than the timing.
         with torch.inference_mode():
-            outputs = target(input_ids=tokens[:, : context - 1], output_hidden_states=True)
-        features = torch.cat([outputs.hidden_states[layer] for layer in layers], dim=-1)
+            outputs = target(input_ids=tokens[:1, :1], output_hidden_states=True)
+        shapes = [(outputs.hidden_states[layer].shape[-1], outputs.hidden_states[layer].dtype) for layer in layers]
+        features = torch.cat([torch.randn((rows, context - 1, width), generator=generator).to(device, dtype) for width, dtype in shapes], dim=-1)
         feature_mask = torch.ones((rows, context - 1), dtype=torch.long, device=device)
     mode = fast_path.active if fast_path is not None else contextlib.nullcontext  # as the loop's forward_mode
     seconds = []
