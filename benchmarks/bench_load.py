@@ -48,7 +48,7 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained, strategies
-from dspark.benchmarking import generated_tokens, write_json
+from dspark.benchmarking import across_categories, generated_tokens, write_json
 from dspark.drafters import PromptLookupDrafter
 from dspark.pretrained import encode_chat
 from dspark.training.data import eval_prompts
@@ -84,18 +84,6 @@ def _parse_args(argv):
     if args.repeats < 1 or not args.drafters or any(name not in DRAFTERS for name in args.drafters):
         parser.error(f"--repeats must be >= 1 and --drafters among {DRAFTERS}, got {args.repeats} and {args.drafters}")
     return args
-
-
-def _across_categories(prompts: list) -> list:
-    """The prompts reordered round-robin over their categories, so that every batch, and the first rows of
-    a small c, mix categories rather than take one category's prompts."""
-    categories = list(dict.fromkeys(prompt.category for prompt in prompts))
-    rank = {}
-    ordered = []
-    for prompt in prompts:
-        rank[prompt.category] = rank.get(prompt.category, -1) + 1
-        ordered.append((rank[prompt.category], categories.index(prompt.category), prompt))
-    return [prompt for *_, prompt in sorted(ordered, key=lambda item: item[:2])]
 
 
 def _policies(target, drafter, make_confidence, gamma) -> dict:
@@ -156,13 +144,15 @@ def _entry(target, batches: list, walls: list[float], decodes: list[float], resu
 
 
 def _run_setting(target, policies: dict, batches: list, sampling, max_new_tokens: int, repeats: int, bar) -> tuple[dict, dict]:
-    """Every policy on every batch: an untimed warm-up each on the first batch, then ``repeats`` rounds
+    """Every policy on every batch: an untimed warm-up each on every batch, then ``repeats`` rounds
     that time every policy on each batch in turn, so that drift in the machine's speed hits all of them
     alike. Returns (entries, tokens) by name."""
     models = {name: dspark.SpeculativeModel(target, strategy) for name, strategy in policies.items()}
     for model in models.values():
-        # A new batch shape pays one-off set-up (allocations, kernel choices).
-        _timed(model, batches[0], sampling, 4)
+        # A new batch shape pays one-off set-up (allocations, kernel choices, and the cost model's table of
+        # that shape, profiled the first time): every batch, since each may have another prompt length.
+        for batch in batches:
+            _timed(model, batch, sampling, 4)
     rounds = {name: [] for name in models}  # per round: (wall, decode, results), summed over the batches
     for _ in range(repeats):
         timed = {name: [] for name in models}
@@ -215,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     target = bundle.target
     batches_at = {c: -(-args.rows // c) for c in args.concurrency}
     needed = max(c * batches_at[c] for c in args.concurrency)
-    messages = [prompt.message for prompt in _across_categories(eval_prompts(args.data_dir, spec_per_category=max(1, -(-needed // 13))))]
+    messages = [prompt.message for prompt in across_categories(eval_prompts(args.data_dir, spec_per_category=max(1, -(-needed // 13))))]
     if len(messages) < needed:
         raise SystemExit(f"--rows {args.rows} and --concurrency {args.concurrency} need {needed} Spec-Bench prompts, the eval set has {len(messages)}")
     lookup_calibration = CalibrationFile.load(args.lookup_calibration)

@@ -18,7 +18,19 @@ from tqdm.auto import tqdm
 
 import dspark
 
-__all__ = ["first_difference", "generated_tokens", "run_strategy", "sweep", "write_json"]
+__all__ = ["across_categories", "first_difference", "generated_tokens", "run_strategy", "sweep", "write_json"]
+
+
+def across_categories(prompts: list) -> list:
+    """``prompts`` (each with a ``category``) reordered round-robin over their categories, so that every batch,
+    and the first rows of a small one, mix categories rather than take one category's prompts."""
+    categories = list(dict.fromkeys(prompt.category for prompt in prompts))
+    rank = {}
+    ordered = []
+    for prompt in prompts:
+        rank[prompt.category] = rank.get(prompt.category, -1) + 1
+        ordered.append((rank[prompt.category], categories.index(prompt.category), prompt))
+    return [prompt for *_, prompt in sorted(ordered, key=lambda item: item[:2])]
 
 
 def generated_tokens(sequences: torch.Tensor, prompt_length: int, eos_token_id: int) -> list[list[int]]:

@@ -1,5 +1,6 @@
 """dspark/benchmarking.py, the helpers the benchmark scripts share, and the scripts' own start-up."""
 
+import collections
 import json
 import subprocess
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark.benchmarking import first_difference, generated_tokens, run_strategy, write_json
+from dspark.benchmarking import across_categories, first_difference, generated_tokens, run_strategy, write_json
 from dspark.drafters import PromptLookupDrafter
 from dspark.strategies import autoregressive
 from tests.conftest import left_padded_batch
@@ -22,6 +23,14 @@ def test_first_difference():
     assert first_difference([1, 5, 3], [1, 2, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
     assert first_difference([], [4]) == 0
+
+
+def test_across_categories_takes_each_categorys_prompts_in_turn():
+    """The first prompt of every category (in order of first appearance), then every second one, and so on."""
+    Prompt = collections.namedtuple("Prompt", "category name")
+    prompts = [Prompt("a", 1), Prompt("a", 2), Prompt("a", 3), Prompt("b", 4), Prompt("c", 5), Prompt("c", 6)]
+    assert [prompt.name for prompt in across_categories(prompts)] == [1, 4, 5, 2, 6, 3]
+    assert across_categories([]) == []
 
 
 def test_generated_tokens_stop_after_the_first_eos():

@@ -100,7 +100,7 @@ class AutoProfiledCostModel:
         }
         self._models: dict[tuple[tuple[int, ...], int], ProfiledCostModel] = {}
         self.current_shape = self.base_shape = (self.base_rows, self.base_context)
-        self._model(self.base_shape)
+        self.profiled(self.base_shape)
 
     def __repr__(self) -> str:
         rows, context = self.current_shape
@@ -117,7 +117,7 @@ class AutoProfiledCostModel:
         if not isinstance(generation, GenerationStart):
             raise TypeError(f"generation must be a dspark.types.GenerationStart, got {type(generation).__name__}")
         shape = self.shape(generation)
-        self._model(shape)
+        self.profiled(shape)
         changed, self.current_shape = shape != self.current_shape, shape
         return changed
 
@@ -139,7 +139,9 @@ class AutoProfiledCostModel:
         """Seconds of one drafting pass for ``rows`` rows, at the current shape's context."""
         return self.current.draft_time(rows)
 
-    def _model(self, shape: tuple[tuple[int, ...], int]) -> ProfiledCostModel:
+    def profiled(self, shape: tuple[tuple[int, ...], int]) -> ProfiledCostModel:
+        """The profiled model of ``shape`` (rows grid, context), measured first if neither memory nor the disk
+        cache holds it (to profile the shapes a service expects ahead of its first requests)."""
         if shape not in self._models:
             rows, context = shape
             self._models[shape] = ProfiledCostModel.profile(self.target, self.drafter, rows=rows, context=context, **self.profile_options)
