@@ -401,7 +401,7 @@ def _draft_seconds(target, drafter, rows: int, context: int, max_draft_tokens: i
         with torch.inference_mode():
             outputs = target(input_ids=tokens[:1, :1], output_hidden_states=True)
         shapes = [(outputs.hidden_states[layer].shape[-1], outputs.hidden_states[layer].dtype) for layer in layers]
-        features = torch.cat([torch.randn((rows, context - 1, width), generator=generator).to(device, dtype) for width, dtype in shapes], dim=-1)
+        features = torch.cat([torch.randn((rows, context - 1, size), generator=generator).to(device, dtype) for size, dtype in shapes], dim=-1)
         feature_mask = torch.ones((rows, context - 1), dtype=torch.long, device=device)
     mode = fast_path.active if fast_path is not None else contextlib.nullcontext  # as the loop's forward_mode
     seconds = []
