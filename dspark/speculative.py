@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dspark.cost_models.auto import BASE_ROWS
 from dspark.fast_path import FastPath, on_cpu
 from dspark.kv import check_cache_support
 from dspark.loop import LoopSpec, run_generation
@@ -29,7 +30,7 @@ __all__ = ["SpeculativeModel", "wrap", "generate", "profiled_cost_model", "DEFAU
 #: Block width γ when neither the policy nor the caller fixes one.
 DEFAULT_DRAFT_TOKENS = 4
 # Batch sizes a cost model made by wrap profiles at once; a larger batch adds powers of two up to its size.
-PROFILED_ROWS = (1, 2, 4, 8)
+PROFILED_ROWS = BASE_ROWS
 
 
 def _drafter_modules(drafter) -> list[torch.nn.Module]:

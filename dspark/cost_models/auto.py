@@ -14,7 +14,7 @@ nothing pays.
 ``start`` switches to the table of that generation's shape, measuring it first (a progress bar, then
 cached on disk like any profiled table) when neither memory nor the disk holds it:
 
-* rows grid: the base rows (``(1, 2, 4, 8)`` by default) and the powers of two above their largest
+* rows grid: the base rows (``BASE_ROWS`` by default) and the powers of two above their largest
   up to the first ≥ R (``rows_grid``), so R rows interpolate rather than extrapolate;
 * context band: C rounded to the nearest half octave of the base context, 256·2^(k/2) = 256, 362,
   512, 724, 1024, … tokens, never below the base (``context_band``). Neighbouring bands differ by a
@@ -30,11 +30,14 @@ from collections.abc import Iterable
 import torch
 
 from dspark.checks import check_int
-from dspark.cost_models.profiled import CostTable, ProfiledCostModel, _check_grid
+from dspark.cost_models.profiled import DEFAULT_TOKENS, CostTable, ProfiledCostModel, _check_grid
 from dspark.fast_path import FastPath
 from dspark.types import GenerationStart
 
-__all__ = ["AutoProfiledCostModel", "context_band", "mean_context", "rows_grid"]
+__all__ = ["BASE_ROWS", "AutoProfiledCostModel", "context_band", "mean_context", "rows_grid"]
+
+#: The batch sizes profiled at once; a larger batch adds doublings of the largest up to its size.
+BASE_ROWS = (1, 2, 4, 8)
 
 
 def context_band(context: int, base: int = 256) -> int:
@@ -48,7 +51,7 @@ def context_band(context: int, base: int = 256) -> int:
     return round(base * 2 ** (round(2 * math.log2(context / base)) / 2))
 
 
-def rows_grid(rows: int, base: Iterable[int] = (1, 2, 4, 8)) -> tuple[int, ...]:
+def rows_grid(rows: int, base: Iterable[int] = BASE_ROWS) -> tuple[int, ...]:
     """``base`` (strictly increasing ints ≥ 1), then its largest entry doubled until the grid reaches ``rows``."""
     check_int("rows", rows, 0)
     grid = list(_check_grid("base", base))
@@ -79,8 +82,8 @@ class AutoProfiledCostModel:
         target: torch.nn.Module,
         drafter=None,
         *,
-        tokens: Iterable[int] = (1, 2, 3, 4, 5, 6, 8),
-        base_rows: Iterable[int] = (1, 2, 4, 8),
+        tokens: Iterable[int] = DEFAULT_TOKENS,
+        base_rows: Iterable[int] = BASE_ROWS,
         base_context: int = 256,
         repeats: int = 3,
         fast_path: bool | FastPath | None = True,

@@ -173,8 +173,12 @@ class OnlineCorrectedCostModel:
             raise ValueError(f"smoothing must be a number in (0, 1], got {smoothing!r}")
         self.base = base
         self.smoothing = float(smoothing)
-        self._steps = _CorrectedSurface(base.step_time, self.smoothing)
-        self._drafts = _CorrectedSurface(lambda rows, tokens: base.draft_time(rows), self.smoothing)
+        self._forget()
+
+    def _forget(self) -> None:
+        """Start learning afresh: no cell observed, the base's answers not yet read."""
+        self._steps = _CorrectedSurface(self.base.step_time, self.smoothing)
+        self._drafts = _CorrectedSurface(lambda rows, tokens: self.base.draft_time(rows), self.smoothing)
 
     def __repr__(self) -> str:
         return f"OnlineCorrectedCostModel({self.base!r}, smoothing={self.smoothing})"
@@ -186,8 +190,7 @@ class OnlineCorrectedCostModel:
         start = hook(self.base, "start", COST_MODEL_HOOKS)
         changed = bool(start(generation)) if start is not None else False
         if changed:
-            self._steps = _CorrectedSurface(self.base.step_time, self.smoothing)
-            self._drafts = _CorrectedSurface(lambda rows, tokens: self.base.draft_time(rows), self.smoothing)
+            self._forget()
         return changed
 
     def observe_step(self, rows: int, tokens: int, seconds: float) -> None:

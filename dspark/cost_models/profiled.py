@@ -50,6 +50,7 @@ from dspark.protocols import DRAFTER_HOOKS, hook
 from dspark.types import DraftContext, GenerationStart, SamplingConfig, StepOutcome
 
 __all__ = [
+    "DEFAULT_TOKENS",
     "default_table_dir",
     "FORMAT_VERSION",
     "CostTable",
@@ -63,6 +64,9 @@ logger = logging.getLogger(__name__)
 
 #: The version of ``CostTable.to_dict``'s layout; ``from_dict`` refuses others.
 FORMAT_VERSION = 1
+
+#: New tokens per row a profile times by default: the verify widths of γ up to 7.
+DEFAULT_TOKENS = (1, 2, 3, 4, 5, 6, 8)
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -474,7 +478,7 @@ class ProfiledCostModel:
         target: torch.nn.Module,
         drafter=None,
         rows: Iterable[int] = (1, 2, 4, 8, 16, 32),
-        tokens: Iterable[int] = (1, 2, 3, 4, 5, 6, 8),
+        tokens: Iterable[int] = DEFAULT_TOKENS,
         context: int = 256,
         repeats: int = 5,
         fast_path: bool | FastPath | None = True,
