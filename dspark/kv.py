@@ -4,8 +4,9 @@ Every row shares the cache's slot axis. ``live[r, s]`` says whether slot s holds
 tokens; a rejected draft token's slot stays in the cache with live = 0, the next forward masks
 it with a 0 in the 2-D attention mask and passes explicit ``position_ids`` that skip it, so the
 logits equal those of a clean run. Holes are reclaimed by cropping trailing dead slots and, when
-more than ``hole_budget`` slots beyond the longest row are dead, by gathering the live slots of
-every row into a fresh, left-padded cache (``compact``). Only public Cache API is used.
+the dead slots beyond the longest row exceed the hole allowance (``hole_allowance``), by gathering
+the live slots of every row into a fresh, left-padded cache (``compact``). Rows that leave the
+batch are dropped in place (``Cache.batch_select_indices``). Only public Cache API is used.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-__all__ = ["RaggedCache", "check_cache_support", "last_live_column"]
+__all__ = ["HOLE_SHARE", "RaggedCache", "check_cache_support", "hole_allowance", "last_live_column"]
+
+#: Share of the cache's slots that may be holes before a compaction.
+HOLE_SHARE = 0.25
 
 
 def check_cache_support(config, max_slots: int) -> None:
@@ -46,6 +50,18 @@ def last_live_column(mask: torch.Tensor) -> int:
     return int((mask.bool().any(dim=0) * columns).max())
 
 
+def hole_allowance(slots: int, hole_budget: int, hole_share: float = HOLE_SHARE) -> int:
+    """Dead slots beyond the longest row that a cache of ``slots`` slots keeps before compacting.
+
+    max(hole_budget, ⌊hole_share · slots⌋). A compaction copies every slot of every layer once, and a hole
+    costs what a live slot costs in each later forward (the cache's concatenation and attention). Letting
+    holes grow to a fixed share of the cache, as a growing array doubles, makes compactions geometrically
+    rarer as the context grows (amortised O(1) copies per appended slot) while holes add at most that
+    share to each forward's cache work; ``hole_budget`` keeps short caches from compacting every step.
+    """
+    return max(hole_budget, int(hole_share * slots))
+
+
 class RaggedCache:
     """A ``DynamicCache`` plus the live-slot mask of every row.
 
@@ -54,12 +70,15 @@ class RaggedCache:
     slots hold tokens that stay.
     """
 
-    def __init__(self, rows: int, device: torch.device, hole_budget: int):
+    def __init__(self, rows: int, device: torch.device, hole_budget: int, hole_share: float = HOLE_SHARE):
         if hole_budget < 0:
             raise ValueError(f"hole_budget must be >= 0, got {hole_budget!r}")
+        if not 0.0 <= hole_share < 1.0:
+            raise ValueError(f"hole_share must be in [0, 1), got {hole_share!r}")
         self.cache = DynamicCache()
         self.live = torch.zeros((rows, 0), dtype=torch.long, device=device)
         self.hole_budget = hole_budget
+        self.hole_share = hole_share
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -95,7 +114,9 @@ class RaggedCache:
 
     def _reclaim(self) -> None:
         self._crop_dead_tail()
-        if self.live.shape[0] > 0 and self.slots - int(self.lengths.max()) > self.hole_budget:
+        if self.live.shape[0] == 0:
+            return
+        if self.slots - int(self.lengths.max()) > hole_allowance(self.slots, self.hole_budget, self.hole_share):
             self.compact()
 
     def _crop_dead_tail(self) -> None:
@@ -107,19 +128,23 @@ class RaggedCache:
     def drop_finished(self, finished: torch.Tensor) -> None:
         """Follow the batch when the rows marked in ``finished`` (BoolTensor[R]) leave it, as after a
         step whose ``StepOutcome.finished`` has any: the loop and every stateful drafter call this."""
-        if bool(finished.any()):
-            self.compact(rows=(~finished).nonzero().squeeze(1))
+        if not bool(finished.any()):
+            return
+        rows = (~finished).nonzero().squeeze(1)
+        # Selecting rows in place copies each layer once and frees it before the next: no slot gather.
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.batch_select_indices(rows.to(layer.keys.device))
+        self.live = self.live[rows]
+        self._reclaim()
 
-    def compact(self, rows: torch.Tensor | None = None) -> None:
-        """Keep only ``rows`` (all by default) and gather each row's live slots, left-padded, into a new cache."""
-        live = self.live if rows is None else self.live[rows]
-        width = int(live.sum(dim=1).max()) if live.shape[0] > 0 else 0
+    def compact(self) -> None:
+        """Gather each row's live slots, left-padded, into a new cache."""
+        width = int(self.lengths.max()) if self.live.shape[0] > 0 else 0
         # A stable sort on 0/1 puts each row's dead slots first and its live slots last, in order.
-        order = torch.sort(live, dim=1, stable=True).indices[:, live.shape[1] - width :]
+        order = torch.sort(self.live, dim=1, stable=True).indices[:, self.slots - width :]
         layers = []
         for keys, values, _ in self.cache:
-            if rows is not None:
-                keys, values = keys[rows.to(keys.device)], values[rows.to(values.device)]
             index = order.to(keys.device)[:, None, :, None]
             layers.append(
                 (
@@ -128,4 +153,4 @@ class RaggedCache:
                 )
             )
         self.cache = DynamicCache(ddp_cache_data=layers) if width > 0 else DynamicCache()
-        self.live = live.gather(1, order)
+        self.live = self.live.gather(1, order)

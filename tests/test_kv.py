@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dspark.kv import RaggedCache, check_cache_support, last_live_column
+from dspark.kv import RaggedCache, check_cache_support, hole_allowance, last_live_column
 from tests.conftest import build_model
 
 
@@ -31,8 +31,9 @@ def test_holes_are_invisible_to_the_next_forward(architecture):
     assert torch.allclose(logits[1], _clean_logits(model, [9, 10, 11, 12, 30, 31, 41]), atol=1e-4)
 
 
-def test_compaction_and_row_selection_preserve_logits():
-    """compact(rows=...) drops rows and holes without changing what the kept rows see."""
+@pytest.mark.parametrize("compact", [False, True])
+def test_row_selection_and_compaction_preserve_logits(compact):
+    """drop_finished drops rows in place and compact() drops holes without changing what the kept rows see."""
     model = build_model("llama")
     cache = RaggedCache(rows=3, device=torch.device("cpu"), hole_budget=100)
     with torch.inference_mode():
@@ -43,8 +44,11 @@ def test_compaction_and_row_selection_preserve_logits():
         block = torch.tensor([[20, 21], [30, 31], [40, 41]])
         model(block, **cache.forward_inputs(torch.ones_like(block)))
         cache.commit(torch.tensor([[1, 0], [0, 0], [1, 1]]))
-        cache.compact(rows=torch.tensor([0, 2]))
-        assert cache.slots == 3 and cache.lengths.tolist() == [3, 3]
+        cache.drop_finished(torch.tensor([False, True, False]))
+        assert cache.slots == 5 and cache.lengths.tolist() == [3, 3] and cache.cache.get_seq_length() == 5
+        if compact:
+            cache.compact()
+            assert cache.slots == 3 and cache.cache.get_seq_length() == 3
         anchors = torch.tensor([[50], [51]])
         logits = model(anchors, **cache.forward_inputs(torch.ones_like(anchors))).logits[:, -1]
     assert torch.allclose(logits[0], _clean_logits(model, [5, 6, 20, 50]), atol=1e-4)
@@ -70,6 +74,28 @@ def test_dead_tail_is_cropped_and_hole_budget_triggers_compaction():
     assert cache.cache.get_seq_length() == cache.slots
 
 
+def test_holes_grow_to_a_share_of_the_cache_before_compaction():
+    """With hole_share, interior holes stay until they exceed max(hole_budget, share x slots)."""
+    model = build_model("llama")
+    with torch.inference_mode():
+        for hole_share, compacted in ((0.0, True), (0.5, False)):
+            cache = RaggedCache(rows=2, device=torch.device("cpu"), hole_budget=0, hole_share=hole_share)
+            prompt = torch.arange(2, 10).reshape(2, 4)
+            model(prompt, **cache.forward_inputs(torch.ones_like(prompt)))
+            cache.commit(torch.ones_like(prompt))
+            block = torch.tensor([[1, 2, 3], [1, 2, 3]])
+            model(block, **cache.forward_inputs(torch.ones_like(block)))
+            cache.commit(torch.tensor([[1, 0, 1], [0, 1, 1]]))
+            assert (cache.slots == 6) is compacted, (hole_share, cache.slots)
+
+
+def test_hole_allowance():
+    """hole_allowance is max(hole_budget, floor(share x slots))."""
+    assert hole_allowance(100, 8, 0.25) == 25
+    assert hole_allowance(20, 8, 0.25) == 8
+    assert hole_allowance(100, 0, 0.0) == 0
+
+
 def test_rollback_keeps_a_prefix_of_the_speculative_slots():
     """rollback keeps the first keep[r] of the last slots and drops the rest."""
     model = build_model("llama")
@@ -90,10 +116,12 @@ def test_check_cache_support():
         check_cache_support(build_model("mistral", sliding_window=64).config, max_slots=65)
 
 
-def test_negative_hole_budget_is_refused():
-    """hole_budget < 0 is a ValueError naming it."""
+def test_negative_hole_budget_and_bad_share_are_refused():
+    """hole_budget < 0 and hole_share outside [0, 1) are ValueErrors naming them."""
     with pytest.raises(ValueError, match="hole_budget"):
         RaggedCache(rows=1, device=torch.device("cpu"), hole_budget=-1)
+    with pytest.raises(ValueError, match="hole_share"):
+        RaggedCache(rows=1, device=torch.device("cpu"), hole_budget=0, hole_share=1.0)
 
 
 def test_last_live_column():
