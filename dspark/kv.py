@@ -1,4 +1,4 @@
-"""KV bookkeeping for a ragged batch in a standard ``DynamicCache``.
+"""KV bookkeeping for a ragged batch in a standard dynamic key/value cache.
 
 Every row shares the cache's slot axis. ``live[r, s]`` says whether slot s holds one of row r's
 tokens; a rejected draft token's slot stays in the cache with live = 0, the next forward masks
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
-__all__ = ["HOLE_SHARE", "RaggedCache", "check_cache_support", "hole_allowance", "last_live_column"]
+__all__ = ["HOLE_SHARE", "GrowingLayer", "RaggedCache", "check_cache_support", "empty_cache", "hole_allowance", "last_live_column"]
 
 #: Share of the cache's slots that may be holes before a compaction.
 HOLE_SHARE = 0.25
@@ -40,6 +40,63 @@ def check_cache_support(config, max_slots: int) -> None:
                 f"the target's layer {index} uses a {type(layer).__name__} cache; dspark supports the standard "
                 f"dynamic key/value cache (DynamicLayer) only"
             )
+
+
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys and values live in a buffer with spare slots, so that ``update`` writes
+    the new slots in place instead of concatenating (copying) the whole layer every call.
+
+    ``keys``/``values`` stay what ``DynamicLayer`` promises: the cached states, here views of the buffer's
+    first slots. The buffer grows by half again when full (amortised O(1) copies per slot). ``crop`` keeps the
+    view's storage, so the next update writes over the cropped slots; anything that replaces ``keys`` with a
+    new tensor (``batch_select_indices``, ``reorder_cache``) is copied into a new buffer at the next update.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new states after the cached ones and return the cached states, [B, H, S, hd] each."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        held, new = self.get_seq_length(), key_states.shape[-2]
+        if not (self._holds(self.keys, self._key_buffer, key_states) and self._holds(self.values, self._value_buffer, value_states)
+                and held + new <= self._key_buffer.shape[-2]):
+            capacity = held + new + max(held + new, 64) // 2
+            self._key_buffer = self._moved(self.keys, key_states, held, capacity)
+            self._value_buffer = self._moved(self.values, value_states, held, capacity)
+        self._key_buffer[..., held : held + new, :] = key_states
+        self._value_buffer[..., held : held + new, :] = value_states
+        self.keys, self.values = self._key_buffer[..., : held + new, :], self._value_buffer[..., : held + new, :]
+        return self.keys, self.values
+
+    @staticmethod
+    def _holds(cached: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor) -> bool:
+        """Whether ``cached`` is still a prefix view of ``buffer`` that ``new`` can follow in place."""
+        return (
+            buffer is not None and cached.numel() > 0 and cached.data_ptr() == buffer.data_ptr()
+            and cached.stride() == buffer.stride() and cached.shape[:-2] == new.shape[:-2] and cached.dtype == new.dtype
+        )
+
+    @staticmethod
+    def _moved(cached: torch.Tensor, new: torch.Tensor, held: int, capacity: int) -> torch.Tensor:
+        """A buffer of ``capacity`` slots shaped like ``new`` holding ``cached``'s first ``held`` slots."""
+        buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
+        if held > 0:
+            buffer[..., :held, :] = cached
+        return buffer
+
+
+def empty_cache(layer_class: type[DynamicLayer] = GrowingLayer) -> Cache:
+    """An empty cache of ``layer_class`` layers, one per layer index a forward updates (HF's own
+    ``DynamicCache`` for ``DynamicLayer``). dspark's loop and drafters, and the profiler that times them, use
+    ``GrowingLayer``: a concatenating layer copies the whole cache at every step, which at many rows of long
+    contexts is a large part of a CPU step (``benchmarks/bench_cost_curve.py --layer-class`` compares both)."""
+    if not (isinstance(layer_class, type) and issubclass(layer_class, DynamicLayer)):
+        raise TypeError(f"layer_class must be DynamicLayer or a subclass (such as GrowingLayer), got {layer_class!r}")
+    return DynamicCache() if layer_class is DynamicLayer else Cache(layer_class_to_replicate=layer_class)
 
 
 def last_live_column(mask: torch.Tensor) -> int:
@@ -70,12 +127,15 @@ class RaggedCache:
     slots hold tokens that stay.
     """
 
-    def __init__(self, rows: int, device: torch.device, hole_budget: int, hole_share: float = HOLE_SHARE):
+    def __init__(
+        self, rows: int, device: torch.device, hole_budget: int, hole_share: float = HOLE_SHARE, layer_class: type[DynamicLayer] = GrowingLayer
+    ):
         if hole_budget < 0:
             raise ValueError(f"hole_budget must be >= 0, got {hole_budget!r}")
         if not 0.0 <= hole_share < 1.0:
             raise ValueError(f"hole_share must be in [0, 1), got {hole_share!r}")
-        self.cache = DynamicCache()
+        self.cache = empty_cache(layer_class)
+        self.layer_class = layer_class
         self.live = torch.zeros((rows, 0), dtype=torch.long, device=device)
         self.hole_budget = hole_budget
         self.hole_share = hole_share
@@ -143,14 +203,14 @@ class RaggedCache:
         width = int(self.lengths.max()) if self.live.shape[0] > 0 else 0
         # A stable sort on 0/1 puts each row's dead slots first and its live slots last, in order.
         order = torch.sort(self.live, dim=1, stable=True).indices[:, self.slots - width :]
-        layers = []
-        for keys, values, _ in self.cache:
-            index = order.to(keys.device)[:, None, :, None]
-            layers.append(
-                (
-                    keys.gather(2, index.expand(keys.shape[0], keys.shape[1], width, keys.shape[3])),
-                    values.gather(2, index.expand(values.shape[0], values.shape[1], width, values.shape[3])),
-                )
+        compacted = empty_cache(self.layer_class)
+        for index, layer in enumerate(self.cache.layers if width > 0 else ()):
+            keys, values = layer.keys, layer.values
+            gather = order.to(keys.device)[:, None, :, None]
+            compacted.update(
+                keys.gather(2, gather.expand(keys.shape[0], keys.shape[1], width, keys.shape[3])),
+                values.gather(2, gather.expand(values.shape[0], values.shape[1], width, values.shape[3])),
+                index,
             )
-        self.cache = DynamicCache(ddp_cache_data=layers) if width > 0 else DynamicCache()
+        self.cache = compacted
         self.live = self.live.gather(1, order)

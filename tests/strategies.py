@@ -260,3 +260,20 @@ def isotonic_calibrations(draw, max_positions: int = 5, max_knots: int = 8):
     survival = torch.rand((rows, width), generator=generator)
     survival[0, 0] = float(draw(st.sampled_from([0.0, 1.0, 0.5])))
     return Calibration("isotonic", maps), survival
+
+
+@st.composite
+def cache_operations(draw, max_operations: int = 12):
+    """A sequence of cache-layer operations: ("update", new slots), ("crop", slots) or ("select", row indices), on 3 rows."""
+    operations, rows = [], 3
+    for _ in range(draw(st.integers(1, max_operations))):
+        kind = draw(st.sampled_from(["update", "update", "crop", "select"]))
+        if kind == "update":
+            operations.append(("update", draw(st.integers(1, 40))))
+        elif kind == "crop":
+            operations.append(("crop", draw(st.integers(1, 5))))
+        elif rows > 1:
+            keep = sorted(draw(st.sets(st.integers(0, rows - 1), min_size=1, max_size=rows)))
+            operations.append(("select", keep))
+            rows = len(keep)
+    return operations

@@ -2,9 +2,12 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from transformers.cache_utils import DynamicLayer
 
-from dspark.kv import RaggedCache, check_cache_support, hole_allowance, last_live_column
+from dspark.kv import GrowingLayer, RaggedCache, check_cache_support, hole_allowance, last_live_column
 from tests.conftest import build_model
+from tests.strategies import cache_operations
 
 
 def _clean_logits(model, tokens: list[int]) -> torch.Tensor:
@@ -130,3 +133,61 @@ def test_last_live_column():
     assert last_live_column(torch.tensor([[0, 0, 0, 1]])) == 4
     assert last_live_column(torch.zeros((2, 3), dtype=torch.long)) == 0
     assert last_live_column(torch.zeros((2, 0), dtype=torch.long)) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(cache_operations())
+def test_growing_layer_holds_what_a_dynamic_layer_holds(operations):
+    """GrowingLayer answers every update, crop and row selection with exactly DynamicLayer's keys and values."""
+    generator = torch.Generator().manual_seed(len(operations))
+    growing, dynamic, rows = GrowingLayer(), DynamicLayer(), 3
+    for kind, argument in operations:
+        if kind == "update":
+            keys, values = (torch.randn((rows, 2, argument, 4), generator=generator) for _ in range(2))
+            answers = growing.update(keys, values), dynamic.update(keys, values)
+            assert all(torch.equal(a, b) for a, b in zip(*answers))
+        elif kind == "crop":
+            growing.crop(-argument), dynamic.crop(-argument)
+        else:
+            growing.batch_select_indices(torch.tensor(argument)), dynamic.batch_select_indices(torch.tensor(argument))
+            rows = len(argument)
+        assert growing.get_seq_length() == dynamic.get_seq_length()
+        if dynamic.get_seq_length() > 0:
+            assert torch.equal(growing.keys, dynamic.keys) and torch.equal(growing.values, dynamic.values)
+
+
+def test_growing_layer_writes_in_place_until_full():
+    """Updates within the buffer's capacity keep its storage; a crop's slots are written over."""
+    layer = GrowingLayer()
+    layer.update(torch.zeros(1, 1, 10, 2), torch.zeros(1, 1, 10, 2))
+    storage = layer.keys.data_ptr()
+    layer.update(torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))
+    layer.crop(-2)
+    layer.update(torch.full((1, 1, 2, 2), 2.0), torch.full((1, 1, 2, 2), 2.0))
+    assert layer.keys.data_ptr() == storage and layer.keys[0, 0, :, 0].tolist() == [0.0] * 10 + [1.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("layer_class", [DynamicLayer, GrowingLayer])
+def test_ragged_cache_with_either_layer_class_preserves_logits(layer_class):
+    """A RaggedCache of DynamicLayer or GrowingLayer layers gives a clean run's logits after holes and compaction."""
+    model = build_model("llama")
+    cache = RaggedCache(rows=2, device=torch.device("cpu"), hole_budget=10, layer_class=layer_class)
+    with torch.inference_mode():
+        prompt = torch.tensor([[5, 6, 7], [8, 9, 10]])
+        model(prompt, **cache.forward_inputs(torch.ones_like(prompt)))
+        cache.commit(torch.ones_like(prompt))
+        block = torch.tensor([[20, 21], [30, 31]])
+        model(block, **cache.forward_inputs(torch.ones_like(block)))
+        cache.commit(torch.tensor([[1, 0], [1, 1]]))
+        cache.compact()
+        assert cache.slots == 5 and cache.lengths.tolist() == [4, 5] and cache.cache.get_seq_length() == 5
+        anchors = torch.tensor([[50], [51]])
+        logits = model(anchors, **cache.forward_inputs(torch.ones_like(anchors))).logits[:, -1]
+    assert torch.allclose(logits[0], _clean_logits(model, [5, 6, 7, 20, 50]), atol=1e-4)
+    assert torch.allclose(logits[1], _clean_logits(model, [8, 9, 10, 30, 31, 51]), atol=1e-4)
+
+
+def test_layer_class_must_be_a_dynamic_layer():
+    """layer_class outside DynamicLayer's family is a TypeError naming it."""
+    with pytest.raises(TypeError, match="layer_class"):
+        RaggedCache(rows=1, device=torch.device("cpu"), hole_budget=0, layer_class=dict)

@@ -7,6 +7,7 @@ import torch
 
 import dspark
 from dspark.drafters import SemiARConfig, SemiARDrafter, TargetSignature, default_target_layers
+from dspark.drafters.semi_ar import context_and_block_attention
 from dspark.training.store import target_features
 from dspark.types import DraftContext, SamplingConfig
 from dspark.verify import DrafterConfidence, FixedLength, Threshold
@@ -298,3 +299,20 @@ def test_drafting_a_subset_of_rows_equals_drafting_them_all(llama, sequential, b
     assert subset.lengths.tolist() == [3, 0, 3]
     for name in ("tokens", "probs", "confidence", "signals"):
         assert torch.allclose(getattr(subset, name)[[0, 2]], getattr(every, name)[[0, 2]], atol=1e-5), name
+
+
+@pytest.mark.parametrize("context_slots", [0, 1, 13])
+def test_context_and_block_attention_equals_attention_over_joined_keys(context_slots):
+    """Attention over context and block parts without joining them equals SDPA over the joined keys and values."""
+    generator = torch.Generator().manual_seed(context_slots)
+    rows, heads, queries, head_dim = 3, 2, 4, 8
+    query = torch.randn((rows, heads, queries, head_dim), generator=generator)
+    context = tuple(torch.randn((rows, heads, context_slots, head_dim), generator=generator) for _ in range(2))
+    block = tuple(torch.randn((rows, heads, queries, head_dim), generator=generator) for _ in range(2))
+    visible = torch.rand((rows, queries, context_slots + queries), generator=generator) < 0.6
+    visible[:, :, context_slots:] |= torch.eye(queries, dtype=torch.bool)  # every query sees itself
+    joined_keys, joined_values = (torch.cat([c, b], dim=2) for c, b in zip(context, block))
+    expected = torch.nn.functional.scaled_dot_product_attention(query, joined_keys, joined_values, attn_mask=visible[:, None])
+    assert torch.allclose(context_and_block_attention(query, context, block, visible), expected, atol=1e-5)
+    half = context_and_block_attention(query.bfloat16(), tuple(t.bfloat16() for t in context), tuple(t.bfloat16() for t in block), visible)
+    assert half.dtype == torch.bfloat16 and torch.allclose(half.float(), expected, atol=0.1)

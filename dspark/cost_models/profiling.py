@@ -2,7 +2,8 @@
 
 This is the table a profiled cost model interpolates and what ``benchmarks/bench_cost_curve.py``
 plots. A step is timed the way dspark's loop runs it: ``rows`` rows that each already hold
-``context`` tokens in a ``DynamicCache`` append ``tokens`` new tokens with an explicit 2-D
+``context`` tokens in the cache the loop uses (``dspark.kv.empty_cache``: growing layers with spare
+slots) append ``tokens`` new tokens with an explicit 2-D
 ``attention_mask`` and ``position_ids``, and logits are kept for the new positions only. The
 context's keys and values are random (a step's cost does not depend on their values), so a grid
 point costs no prefill; the cache is cropped back after every timed forward.
@@ -33,16 +34,20 @@ import attrs
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
 from dspark.checks import check_int, int_at_least
 from dspark.fast_path import FastPath
+from dspark.kv import empty_cache
 
 __all__ = ["REVISION", "StepTiming", "measure_step_time", "cost_curve"]
 
-#: How ``cost_curve`` times its grid; part of a profiled table's cache key, so a change in the way of
-#: measuring measures the table again. 3: a fresh cache's first forward untimed, the token order rotated
-#: per pass; 2: in passes over the whole grid; 1: every repeat of a point in a row.
-REVISION = 3
+#: How ``cost_curve`` times its grid, and the revision of dspark's own code paths it times; part of a profiled
+#: table's cache key, so a change in either measures the table again. 4: ragged caches hold holes up to a quarter
+#: of their slots, the semi-AR drafter's context cache grows in place and its attention joins no keys; 3: a fresh
+#: cache's first forward untimed, the token order rotated per pass; 2: in passes over the whole grid; 1: every
+#: repeat of a point in a row.
+REVISION = 4
 
 
 @attrs.frozen
@@ -65,12 +70,12 @@ def _cache_layout(model: torch.nn.Module, device: torch.device) -> list[tuple[tu
     return [(tuple(keys.shape), keys.dtype) for keys, _, _ in cache]
 
 
-def _random_cache(layout, rows: int, context: int, device: torch.device, generator: torch.Generator) -> DynamicCache:
-    layers = []
-    for (_, heads, _, head_dim), dtype in layout:
+def _random_cache(layout, rows: int, context: int, device: torch.device, generator: torch.Generator) -> Cache:
+    cache = empty_cache()
+    for index, ((_, heads, _, head_dim), dtype) in enumerate(layout if context > 0 else ()):
         shape = (rows, heads, context, head_dim)
-        layers.append(tuple(torch.randn(shape, generator=generator).to(device, dtype) for _ in range(2)))
-    return DynamicCache(ddp_cache_data=layers) if context > 0 else DynamicCache()
+        cache.update(*(torch.randn(shape, generator=generator).to(device, dtype) for _ in range(2)), index)
+    return cache
 
 
 def measure_step_time(
@@ -89,7 +94,7 @@ def _device(model: torch.nn.Module) -> torch.device:
     return model.get_output_embeddings().weight.device
 
 
-def _step_inputs(model, rows: int, tokens: int, context: int, cache: DynamicCache, generator: torch.Generator) -> dict:
+def _step_inputs(model, rows: int, tokens: int, context: int, cache: Cache, generator: torch.Generator) -> dict:
     """The forward arguments of one step of ``rows`` × ``tokens`` new tokens after ``context`` cached ones."""
     device = _device(model)
     vocab = model.get_output_embeddings().weight.shape[0]

@@ -213,6 +213,25 @@ def rotate(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)
 
 
+def context_and_block_attention(
+    query: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], block: tuple[torch.Tensor, torch.Tensor], visible: torch.Tensor
+) -> torch.Tensor:
+    """softmax(q·[K_ctx; K_blk]ᵀ/√hd, masked by ``visible``)·[V_ctx; V_blk] without joining the keys or values.
+
+    query [R, H, Q, hd]; ``context`` and ``block`` (keys, values) [R, H, S, hd] and [R, H, Q, hd]; ``visible``
+    [R, Q, S + Q], True where a query attends. One softmax runs over both parts' scores, [R, H, Q, S + Q], which
+    are hd/Q times smaller than the context's keys: concatenating those every drafting pass copied the whole
+    context cache. Scores and softmax are float32 whatever the inputs' dtype.
+    """
+    context_keys, context_values = context
+    block_keys, block_values = block
+    query = query * query.shape[-1] ** -0.5
+    scores = torch.cat([query @ context_keys.transpose(-1, -2), query @ block_keys.transpose(-1, -2)], dim=-1).float()
+    weights = scores.masked_fill(~visible[:, None], float("-inf")).softmax(dim=-1).to(query.dtype)
+    split = context_keys.shape[2]
+    return weights[..., :split] @ context_values + weights[..., split:] @ block_values
+
+
 class _DraftLayer(nn.Module):
     """Pre-norm attention (block queries; context and block keys/values) and a SwiGLU MLP."""
 
@@ -241,9 +260,8 @@ class _DraftLayer(nn.Module):
         [R, Q, S + Q] says which context slots and block positions each query attends to."""
         normed = self.attention_norm(block)
         query = rotate(self._split(self.query(normed)), rotation)
-        keys = torch.cat([context_keys, rotate(self._split(self.key(normed)), rotation)], dim=2)
-        values = torch.cat([context_values, self._split(self.value(normed))], dim=2)
-        attended = nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=visible[:, None])
+        block_keys_values = (rotate(self._split(self.key(normed)), rotation), self._split(self.value(normed)))
+        attended = context_and_block_attention(query, (context_keys, context_values), block_keys_values, visible)
         block = block + self.output(attended.transpose(1, 2).reshape(block.shape))
         normed = self.mlp_norm(block)
         return block + self.down(nn.functional.silu(self.gate(normed)) * self.up(normed))
@@ -383,13 +401,13 @@ class SemiARDrafter(nn.Module):
         rows, width = block.shape[:2]
         live = self._context.live if selected is None else self._context.live[selected]
         rotation = self._rotation(live.sum(dim=1)[:, None] + torch.arange(width, device=block.device))
-        layer_caches = list(self._context.cache) if self._context.slots else []
+        layer_caches = [(layer.keys, layer.values) for layer in self._context.cache.layers] if self._context.slots else []
         inside = torch.ones((width, width), dtype=torch.bool, device=block.device)
         inside = inside.tril() if causal else inside
         visible = torch.cat([live.bool()[:, None, :].expand(rows, width, -1), inside.expand(rows, -1, -1)], dim=2)
         for index, layer in enumerate(self.layers):
             if layer_caches:
-                context_keys, context_values, _ = layer_caches[index]
+                context_keys, context_values = layer_caches[index]
                 if selected is not None:
                     context_keys, context_values = context_keys[selected], context_values[selected]
             else:
