@@ -29,8 +29,9 @@ class Costs:
         return self.draft_base + self.draft_row * rows
 
 
-def start(rows: int, priority=None) -> GenerationStart:
-    return GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(), priority=priority)
+def start(rows: int, priority=None, prompt_length=None) -> GenerationStart:
+    return GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(), priority=priority,
+                           prompt_length=prompt_length)
 
 
 def record(rows, drafted, verify_lengths, accepted, survival=None, draft_seconds=0.0) -> StepRecord:
@@ -374,6 +375,35 @@ def test_a_pass_after_skipped_steps_teaches_their_catch_up_which_then_prices_res
     run.observe(record([0], [True], [1], [1], draft_seconds=0.1 + 0.3))
     run.gain[0] = 0.3
     assert run.draft_rows(torch.tensor([0])).tolist() != [0]
+
+
+def test_the_first_pass_teaches_what_reading_the_prompt_costs_per_row_and_column():
+    """A first pass over a 50-token prompt of 2 rows that took 0.1 s over D(2) teaches 0.001 s per row and column,
+    kept by the prior for the next generation; once read, the prompt adds nothing to later passes."""
+    fallback = GoodputFallback(smoothing=1.0)
+    run = fallback.start(start(2, prompt_length=50), Costs(draft_row=0.1))
+    assert run.catch_up_seconds is None and run.resume_draft_time(2) == pytest.approx(0.2)
+    run.observe(record([0, 1], [True, True], [1, 1], [1, 1], draft_seconds=0.3))
+    assert fallback.prior.catch_up == pytest.approx(0.001) and run.resume_draft_time(2) == pytest.approx(0.2)
+    later = fallback.start(start(2, prompt_length=50), Costs(draft_row=0.1))
+    assert later.resume_draft_time(2) == pytest.approx(0.2 + 0.001 * 2 * 50 / 14)  # spread over the 14 steps left at most
+    assert later.probe_draft_time(2) == pytest.approx(0.2 + 0.001 * 2 * 50)
+
+
+@pytest.mark.parametrize(("prompt_length", "probed"), [(60, False), (5, True)])
+def test_a_probe_pays_for_reading_the_prompt_while_it_is_unread(prompt_length, probed):
+    """With a ceiling that pays for a row's drafting (gain 3, D = 0.3, T = 1), skipped rows are probed after a
+    5-token prompt but not after a 60-token one whose reading (0.02 s per row and column) no gain pays for."""
+    fallback = GoodputFallback(smoothing=1.0, probe_after=1)
+    fallback.prior.update("greedy", 2, torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.long))
+    fallback.prior.update("greedy", 2, torch.tensor([3.0]), torch.tensor([3]))
+    fallback.prior.remember_catch_up(0.02, smoothing=1.0)
+    run = fallback.start(start(2, prompt_length=prompt_length), Costs(draft_row=0.3))
+    rows, drafted = torch.tensor([0, 1]), []
+    for _ in range(3):
+        drafted.append((run.draft_rows(rows) > 0).tolist())
+        observe(run, [0, 1], drafted[-1], [0, 0], [0, 0])
+    assert any(any(step) for step in drafted) == probed
 
 
 def test_where_drafting_costs_nothing_to_skip_every_row_is_drafted_for():

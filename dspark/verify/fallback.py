@@ -13,11 +13,16 @@ decision is taken on the margin (ρ does not scale the probe ceiling below: a pr
 D(k) the seconds that drafting k rows adds to a step, the cost model's ``draft_time(k)`` less what a step that drafts for no
 row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
 its books), the least the run has measured on such steps (the least, because the first such step also
-reads the whole prompt's features), plus, when the steps just before drafted for no row, the catch-up:
-a drafter that reads target features lazily reads every skipped step's columns, for every row, in the
-pass that ends a run of skipped steps, so that pass costs the learnt seconds per skipped step times
-their number (``GoodputFallbackRun.resume_draft_time``; a probe is judged without it, or a long run
-of skipped steps would keep every probe out); D(0) = 0; T(R, w) the seconds of the target forward
+reads the whole prompt's features), plus the catch-up: a drafter that reads target features lazily reads
+every column it has not read yet, for every row, in its next pass: the prompt's before its first pass,
+then one per step that drafted for no row. The seconds per row and unread column are learnt from the
+passes that end such runs (``GainPrior.catch_up``, kept across generations, so that a generation knows
+what its prompt costs before its first pass). A pass's D(k) carries the skipped steps' columns in full
+and the prompt's spread over the steps the generation has left at most (its ingest is paid once for
+every later drafted step) (``GoodputFallbackRun.resume_draft_time``). A probe is judged without the
+skipped steps' columns, or a long run of skipped steps would keep every probe out, but with everything
+unread while the prompt is: under load, where no row has paid for its drafting, that first pass alone
+can cost more than a target step. D(0) = 0; T(R, w) the seconds of the target forward
 over R rows of w new tokens. Drafting the set S of rows is predicted to yield::
 
     Θ(S) = (Σ_r w_r + ρ·Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} round(λ_r)))
@@ -62,6 +67,7 @@ and the presets in ``dspark.strategies`` make a new one each time).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -169,6 +175,7 @@ class GainPrior:
         self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
         self.intervals: dict[tuple[str, int], int] = {}
         self.drafted: dict[tuple[str, int], int] = {}  # drafted rows observed per key: the ceiling's evidence
+        self.catch_up: float | None = None  # seconds per row and unread feature column of the pass that reads them
         self.version = 0  # counts updates, so that a run can tell the prior has changed
 
     def get(self, band: str, rows: int) -> tuple[float, float] | None:
@@ -190,6 +197,11 @@ class GainPrior:
     def remember_probe_interval(self, band: str, rows: int, interval: int) -> None:
         """Keep ``interval`` as this size and band's probe interval (a run calls it after each choice)."""
         self.intervals[(band, _size_bucket(rows))] = interval
+
+    def remember_catch_up(self, seconds: float, smoothing: float) -> None:
+        """Smooth ``seconds`` per row and unread column (what a pass took over its steady cost) into ``catch_up``."""
+        self.catch_up = seconds if self.catch_up is None else self.catch_up + smoothing * (seconds - self.catch_up)
+        self.version += 1
 
     def realised_ratio(self, band: str) -> float:
         """ρ in this band: (accepted + 8) / (expected + 8) over the discounted sums of drafted rows (1 before any)."""
@@ -271,8 +283,10 @@ class GoodputFallbackRun:
         self.skipped = torch.zeros(batch, dtype=torch.long)
         self.interval = torch.full((batch,), fallback.prior.probe_interval(self.band, batch) or fallback.probe_after, dtype=torch.long)
         self.idle_seconds: float | None = None
+        # Feature columns the drafter has not read: the prompt's until the first pass, then one per skipped step.
+        self.prompt_unread = generation.prompt_length or 0
         self.skipped_steps = 0  # steps in a row, up to the last observed, that drafted for no row
-        self.catch_up_seconds: float | None = None  # smoothed extra seconds per skipped step of a pass that ends such a run
+        self.steps_left = generation.max_length - (generation.prompt_length or 0)  # at most: a step emits >= 1 token
         # What the last choice that drafted for no row read, besides estimates a skipped row cannot change:
         # while it holds, that choice stands (the cost model's small corrections wait until it changes).
         self._idle_key: tuple | None = None
@@ -281,9 +295,21 @@ class GoodputFallbackRun:
         """D(k): what drafting ``rows`` rows adds to a step that drafts for none (module docstring)."""
         return max(self.cost_model.draft_time(rows) - (self.idle_seconds or 0.0), 0.0)
 
-    def resume_draft_time(self, rows: int) -> float:
-        """D(k) for this step: ``avoidable_draft_time`` plus the catch-up of the steps just skipped (module docstring)."""
-        return self.avoidable_draft_time(rows) + (self.catch_up_seconds or 0.0) * self.skipped_steps
+    @property
+    def catch_up_seconds(self) -> float | None:
+        """Seconds per row and unread feature column that a pass pays to read them (``GainPrior.catch_up``)."""
+        return self.fallback.prior.catch_up
+
+    def resume_draft_time(self, count: int, batch: int | None = None) -> float:
+        """D(k) for this step, k = ``count`` of ``batch`` rows (default k): ``avoidable_draft_time`` plus the catch-up of
+        the skipped steps' columns and of the unread prompt's spread over the steps left (module docstring)."""
+        columns = self.skipped_steps + self.prompt_unread / max(self.steps_left, 1)
+        return self.avoidable_draft_time(count) + (self.catch_up_seconds or 0.0) * (count if batch is None else batch) * columns
+
+    def probe_draft_time(self, count: int, batch: int | None = None) -> float:
+        """D(k) a probe is judged by: ``avoidable_draft_time``, plus every unread column while the prompt is unread."""
+        unread = self.prompt_unread + self.skipped_steps if self.prompt_unread else 0
+        return self.avoidable_draft_time(count) + (self.catch_up_seconds or 0.0) * (count if batch is None else batch) * unread
 
     def probe_interval_cap(self, rows: int) -> int:
         """The longest wait between probes: the steps over which probing ``rows`` rows costs ``_PROBE_BUDGET`` of
@@ -314,7 +340,7 @@ class GoodputFallbackRun:
             gains = self.priority[candidates] * self.gain[candidates] * self.fallback.prior.realised_ratio(self.band)
             chosen[observed] = self.fallback.choose(
                 gains, self.verify[candidates].round().long(), float(self.priority[rows].sum()), rows.numel(),
-                self.cost_model.step_time, self.resume_draft_time,
+                self.cost_model.step_time, functools.partial(self.resume_draft_time, batch=rows.numel()),
             )
         cap = self.probe_interval_cap(rows.numel())
         due = ~chosen & (self.skipped[rows] >= self.interval[rows])
@@ -345,7 +371,8 @@ class GoodputFallbackRun:
         return tuple(rows.tolist()), tuple(due.tolist()), self.idle_seconds, self.fallback.prior.version
 
     def _a_probe_could_pay(self, rows: torch.Tensor, probe_interval_cap: int) -> bool:
-        """Whether drafting one row that gains as much as the best row ever did here would pay (True while
+        """Whether drafting one row that gains as much as the best row ever did here would pay, at a probe's
+        ``probe_draft_time`` (True while
         fewer than ``_CEILING_EVIDENCE`` drafted rows were seen here, and where probing every ``probe_after``
         steps stays within ``_PROBE_BUDGET``, which ``probe_interval_cap`` (this step's) says: such probes are too
         cheap to give up)."""
@@ -356,26 +383,28 @@ class GoodputFallbackRun:
             return True
         gain = torch.tensor([ceiling[0] * float(self.priority[rows].max())], dtype=torch.float64)
         return bool(self.fallback.choose(
-            gain, torch.tensor([round(ceiling[1])]), float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, self.avoidable_draft_time
+            gain, torch.tensor([round(ceiling[1])]), float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time,
+            functools.partial(self.probe_draft_time, batch=rows.numel()),
         )[0])
 
     def observe(self, record: StepRecord) -> None:
         """Smooth g_r and λ_r of the rows drafted for (their first outcome replaces the estimate); count the
-        skipped; on a step that drafted for no row, keep the least ``draft_seconds`` as the idle time; on one that
-        ends a run of such steps, learn the catch-up per skipped step from what its pass took over the cost
-        model's ``draft_time``."""
+        skipped; on a step that drafted for no row, keep the least ``draft_seconds`` as the idle time; on the first
+        pass after unread columns (the prompt, skipped steps), learn the catch-up per row and column from what the
+        pass took over the cost model's ``draft_time``."""
         rows, verify_lengths = record.rows, record.verify_lengths
         drafted = record.drafted > 0 if record.drafted_for is None else record.drafted_for
         alpha, index = self.fallback.smoothing, rows[drafted]
+        self.steps_left -= 1
         if index.numel() == 0:
             self.idle_seconds = record.draft_seconds if self.idle_seconds is None else min(self.idle_seconds, record.draft_seconds)
             self.skipped_steps += 1
         else:
-            if self.skipped_steps > 0:
-                extra = max(record.draft_seconds - self.cost_model.draft_time(index.numel()), 0.0) / self.skipped_steps
-                known = self.catch_up_seconds
-                self.catch_up_seconds = extra if known is None else known + alpha * (extra - known)
-            self.skipped_steps = 0
+            unread = self.prompt_unread + self.skipped_steps
+            if unread > 0:
+                extra = max(record.draft_seconds - self.cost_model.draft_time(index.numel()), 0.0)
+                self.fallback.prior.remember_catch_up(extra / (unread * rows.numel()), alpha)
+            self.prompt_unread = self.skipped_steps = 0
         gains = verified_gain(record)
         for estimate, value in ((self.gain, gains[drafted]), (self.verify, verify_lengths[drafted].double())):
             previous = estimate[index]
