@@ -57,6 +57,11 @@ class GrowingLayer(DynamicLayer):
         self._key_buffer: torch.Tensor | None = None
         self._value_buffer: torch.Tensor | None = None
 
+    @property
+    def capacity(self) -> int:
+        """Slots the buffer holds before the next update must grow it (0 before the first update)."""
+        return 0 if self._key_buffer is None else self._key_buffer.shape[-2]
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new states after the cached ones and return the cached states, [B, H, S, hd] each."""
         if not self.is_initialized:
@@ -93,7 +98,7 @@ def empty_cache(layer_class: type[DynamicLayer] = GrowingLayer) -> Cache:
     """An empty cache of ``layer_class`` layers, one per layer index a forward updates (HF's own
     ``DynamicCache`` for ``DynamicLayer``). dspark's loop and drafters, and the profiler that times them, use
     ``GrowingLayer``: a concatenating layer copies the whole cache at every step, which at many rows of long
-    contexts is a large part of a CPU step (``benchmarks/bench_cost_curve.py --layer-class`` compares both)."""
+    contexts is a large part of a CPU step (``benchmarks/bench_cache_layers.py`` compares both)."""
     if not (isinstance(layer_class, type) and issubclass(layer_class, DynamicLayer)):
         raise TypeError(f"layer_class must be DynamicLayer or a subclass (such as GrowingLayer), got {layer_class!r}")
     return DynamicCache() if layer_class is DynamicLayer else Cache(layer_class_to_replicate=layer_class)
@@ -111,7 +116,7 @@ def hole_allowance(slots: int, hole_budget: int, hole_share: float = HOLE_SHARE)
     """Dead slots beyond the longest row that a cache of ``slots`` slots keeps before compacting.
 
     max(hole_budget, ⌊hole_share · slots⌋). A compaction copies every slot of every layer once, and a hole
-    costs what a live slot costs in each later forward (the cache's concatenation and attention). Letting
+    costs what a live slot costs in each later forward (attention, and a concatenating layer's copy). Letting
     holes grow to a fixed share of the cache, as a growing array doubles, makes compactions geometrically
     rarer as the context grows (amortised O(1) copies per appended slot) while holes add at most that
     share to each forward's cache work; ``hole_budget`` keeps short caches from compacting every step.
@@ -120,7 +125,7 @@ def hole_allowance(slots: int, hole_budget: int, hole_share: float = HOLE_SHARE)
 
 
 class RaggedCache:
-    """A ``DynamicCache`` plus the live-slot mask of every row.
+    """A dynamic key/value cache (``empty_cache(layer_class)``) plus the live-slot mask of every row.
 
     Use: ``forward_inputs(new_mask)`` gives the ``attention_mask``/``position_ids``/``cache`` for a forward
     that appends ``new_mask.shape[1]`` slots; after the forward, ``commit(keep_mask)`` says which of those

@@ -277,3 +277,17 @@ def cache_operations(draw, max_operations: int = 12):
             operations.append(("select", keep))
             rows = len(keep)
     return operations
+
+
+@st.composite
+def ragged_token_rows(draw, max_rows: int = 5, max_width: int = 30, vocab: int = 4):
+    """(tokens [R, L], begin [R], end [R]): rows of a small vocabulary (so n-grams repeat), each row's
+    context tokens[r, begin:end] somewhere inside the buffer, possibly empty."""
+    rows, width = draw(st.integers(1, max_rows)), draw(st.integers(1, max_width))
+    tokens = torch.tensor(draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=width, max_size=width), min_size=rows, max_size=rows)))
+    begin, end = [], []
+    for _ in range(rows):
+        first = draw(st.integers(0, width))
+        begin.append(first)
+        end.append(draw(st.integers(first, width)))
+    return tokens, torch.tensor(begin), torch.tensor(end)

@@ -159,12 +159,15 @@ def test_growing_layer_holds_what_a_dynamic_layer_holds(operations):
 def test_growing_layer_writes_in_place_until_full():
     """Updates within the buffer's capacity keep its storage; a crop's slots are written over."""
     layer = GrowingLayer()
+    assert layer.capacity == 0
     layer.update(torch.zeros(1, 1, 10, 2), torch.zeros(1, 1, 10, 2))
-    storage = layer.keys.data_ptr()
+    storage, capacity = layer.keys.data_ptr(), layer.capacity
+    assert capacity >= 13
     layer.update(torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))
     layer.crop(-2)
     layer.update(torch.full((1, 1, 2, 2), 2.0), torch.full((1, 1, 2, 2), 2.0))
-    assert layer.keys.data_ptr() == storage and layer.keys[0, 0, :, 0].tolist() == [0.0] * 10 + [1.0, 2.0, 2.0]
+    assert layer.keys.data_ptr() == storage and layer.capacity == capacity
+    assert layer.keys[0, 0, :, 0].tolist() == [0.0] * 10 + [1.0, 2.0, 2.0]
 
 
 @pytest.mark.parametrize("layer_class", [DynamicLayer, GrowingLayer])

@@ -8,7 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dspark.drafters import PromptLookupDrafter, lookup_continuation
+from dspark.drafters.prompt_lookup import lookup_match
 from dspark.types import DraftContext, SamplingConfig
+from tests.strategies import ragged_token_rows
 
 
 def test_lookup_takes_the_latest_match_of_the_longest_ngram():
@@ -57,3 +59,19 @@ def test_bad_sizes_are_refused(kwargs):
     """Sizes below 1 or min above max are refused."""
     with pytest.raises(ValueError):
         PromptLookupDrafter(**kwargs)
+
+
+@given(ragged_token_rows(), st.integers(1, 4), st.integers(1, 4), st.integers(1, 6))
+def test_batched_proposal_equals_the_per_row_lookup(rows, max_ngram, min_ngram, max_draft_tokens):
+    """propose (one batched comparison per n) drafts exactly lookup_match's continuation, length and signals per row."""
+    tokens, begin, end = rows
+    min_ngram = min(min_ngram, max_ngram)
+    context = DraftContext(tokens=tokens, begin=begin, end=end, rows=torch.arange(tokens.shape[0]), step=0, sampling=SamplingConfig())
+    draft = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram).propose(context, max_draft_tokens)
+    for row in range(tokens.shape[0]):
+        match = lookup_match(tokens[row, begin[row] : end[row]], max_ngram, min_ngram, max_draft_tokens)
+        found = 0 if match is None else match.continuation.numel()
+        assert int(draft.lengths[row]) == found
+        assert draft.tokens[row, :found].tolist() == ([] if match is None else match.continuation.tolist())
+        expected = [0.0] * 3 if match is None else [match.ngram, math.log(match.age), math.log(match.occurrences)]
+        assert draft.signals[row, 0].tolist() == pytest.approx(expected, abs=1e-6)

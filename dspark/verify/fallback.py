@@ -284,7 +284,7 @@ class GoodputFallbackRun:
         self.interval = torch.full((batch,), fallback.prior.probe_interval(self.band, batch) or fallback.probe_after, dtype=torch.long)
         self.idle_seconds: float | None = None
         # Feature columns the drafter has not read: the prompt's until the first pass, then one per skipped step.
-        self.prompt_unread = generation.prompt_length or 0
+        self.unread_prompt_columns = generation.prompt_length or 0
         self.skipped_steps = 0  # steps in a row, up to the last observed, that drafted for no row
         self.steps_left = generation.max_length - (generation.prompt_length or 0)  # at most: a step emits >= 1 token
         # What the last choice that drafted for no row read, besides estimates a skipped row cannot change:
@@ -303,12 +303,12 @@ class GoodputFallbackRun:
     def resume_draft_time(self, count: int, batch: int | None = None) -> float:
         """D(k) for this step, k = ``count`` of ``batch`` rows (default k): ``avoidable_draft_time`` plus the catch-up of
         the skipped steps' columns and of the unread prompt's spread over the steps left (module docstring)."""
-        columns = self.skipped_steps + self.prompt_unread / max(self.steps_left, 1)
+        columns = self.skipped_steps + self.unread_prompt_columns / max(self.steps_left, 1)
         return self.avoidable_draft_time(count) + (self.catch_up_seconds or 0.0) * (count if batch is None else batch) * columns
 
     def probe_draft_time(self, count: int, batch: int | None = None) -> float:
         """D(k) a probe is judged by: ``avoidable_draft_time``, plus every unread column while the prompt is unread."""
-        unread = self.prompt_unread + self.skipped_steps if self.prompt_unread else 0
+        unread = self.unread_prompt_columns + self.skipped_steps if self.unread_prompt_columns else 0
         return self.avoidable_draft_time(count) + (self.catch_up_seconds or 0.0) * (count if batch is None else batch) * unread
 
     def probe_interval_cap(self, rows: int) -> int:
@@ -400,11 +400,11 @@ class GoodputFallbackRun:
             self.idle_seconds = record.draft_seconds if self.idle_seconds is None else min(self.idle_seconds, record.draft_seconds)
             self.skipped_steps += 1
         else:
-            unread = self.prompt_unread + self.skipped_steps
+            unread = self.unread_prompt_columns + self.skipped_steps
             if unread > 0:
                 extra = max(record.draft_seconds - self.cost_model.draft_time(index.numel()), 0.0)
                 self.fallback.prior.remember_catch_up(extra / (unread * rows.numel()), alpha)
-            self.prompt_unread = self.skipped_steps = 0
+            self.unread_prompt_columns = self.skipped_steps = 0
         gains = verified_gain(record)
         for estimate, value in ((self.gain, gains[drafted]), (self.verify, verify_lengths[drafted].double())):
             previous = estimate[index]
