@@ -219,7 +219,8 @@ def context_and_block_attention(
     """softmax(q·[K_ctx; K_blk]ᵀ/√hd, masked by ``visible``)·[V_ctx; V_blk] without joining the keys or values.
 
     query [R, H, Q, hd]; ``context`` and ``block`` (keys, values) [R, H, S, hd] and [R, H, Q, hd]; ``visible``
-    [R, Q, S + Q], True where a query attends. One softmax runs over both parts' scores, [R, H, Q, S + Q], which
+    [R, Q, S + Q], True where a query attends (each query must see at least one key: the block's own position
+    always is). One softmax runs over both parts' scores, [R, H, Q, S + Q], which
     are hd/Q times smaller than the context's keys: concatenating those every drafting pass copied the whole
     context cache. Scores and softmax are float32 whatever the inputs' dtype.
     """
