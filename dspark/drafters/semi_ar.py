@@ -261,8 +261,13 @@ class _DraftLayer(nn.Module):
         [R, Q, S + Q] says which context slots and block positions each query attends to."""
         normed = self.attention_norm(block)
         query = rotate(self._split(self.query(normed)), rotation)
-        block_keys_values = (rotate(self._split(self.key(normed)), rotation), self._split(self.value(normed)))
-        attended = context_and_block_attention(query, (context_keys, context_values), block_keys_values, visible)
+        block_keys, block_values = rotate(self._split(self.key(normed)), rotation), self._split(self.value(normed))
+        if query.shape[2] < query.shape[3]:
+            # A drafting pass (few queries): scoring the parts apart copies Q·(S+Q) scores instead of the S·hd context.
+            attended = context_and_block_attention(query, (context_keys, context_values), (block_keys, block_values), visible)
+        else:  # training's many queries: joining the keys is the smaller copy, and SDPA never materialises the scores
+            keys, values = torch.cat([context_keys, block_keys], dim=2), torch.cat([context_values, block_values], dim=2)
+            attended = nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=visible[:, None])
         block = block + self.output(attended.transpose(1, 2).reshape(block.shape))
         normed = self.mlp_norm(block)
         return block + self.down(nn.functional.silu(self.gate(normed)) * self.up(normed))
