@@ -304,12 +304,16 @@ class GoodputFallbackRun:
         """D(k) for this step, k = ``count`` of ``batch`` rows (default k): ``avoidable_draft_time`` plus the catch-up of
         the skipped steps' columns and of the unread prompt's spread over the steps left (module docstring)."""
         columns = self.skipped_steps + self.unread_prompt_columns / max(self.steps_left, 1)
-        return self.avoidable_draft_time(count) + (self.catch_up_seconds or 0.0) * (count if batch is None else batch) * columns
+        return self._with_catch_up(count, batch, columns)
 
     def probe_draft_time(self, count: int, batch: int | None = None) -> float:
         """D(k) a probe is judged by: ``avoidable_draft_time``, plus every unread column while the prompt is unread."""
-        unread = self.unread_prompt_columns + self.skipped_steps if self.unread_prompt_columns else 0
-        return self.avoidable_draft_time(count) + (self.catch_up_seconds or 0.0) * (count if batch is None else batch) * unread
+        columns = self.unread_prompt_columns + self.skipped_steps if self.unread_prompt_columns else 0
+        return self._with_catch_up(count, batch, columns)
+
+    def _with_catch_up(self, count: int, batch: int | None, columns: float) -> float:
+        """``avoidable_draft_time(count)`` plus reading ``columns`` unread columns of ``batch`` rows (default ``count``)."""
+        return self.avoidable_draft_time(count) + (self.catch_up_seconds or 0.0) * (count if batch is None else batch) * columns
 
     def probe_interval_cap(self, rows: int) -> int:
         """The longest wait between probes: the steps over which probing ``rows`` rows costs ``_PROBE_BUDGET`` of
