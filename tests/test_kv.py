@@ -148,7 +148,7 @@ def test_growing_layer_holds_what_a_dynamic_layer_holds(operations):
             assert all(torch.equal(a, b) for a, b in zip(*answers))
         elif kind == "crop":
             growing.crop(-argument), dynamic.crop(-argument)
-        else:
+        elif dynamic.get_seq_length() > 0:  # HF's layer selects nothing from an empty cache, and keeps its rows
             growing.batch_select_indices(torch.tensor(argument)), dynamic.batch_select_indices(torch.tensor(argument))
             rows = len(argument)
         assert growing.get_seq_length() == dynamic.get_seq_length()
