@@ -19,18 +19,25 @@ def test_lookup_takes_the_latest_match_of_the_longest_ngram():
     assert lookup_continuation(context, max_ngram=3, min_ngram=1, max_draft_tokens=3).tolist() == [7, 8, 5]
 
 
-@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(1, 4), st.integers(1, 6))
-def test_lookup_continuation_follows_a_real_match(tokens, max_ngram, max_draft_tokens):
-    """Whatever is proposed follows an earlier occurrence of the context's suffix."""
-    context = torch.tensor(tokens)
-    found = lookup_continuation(context, max_ngram, 1, max_draft_tokens).tolist()
-    assert len(found) <= max_draft_tokens
-    if found:
-        matches = [
-            start for n in range(1, max_ngram + 1) for start in range(len(tokens) - n)
-            if tokens[start : start + n] == tokens[len(tokens) - n :] and tokens[start + n : start + n + len(found)] == found
-        ]
-        assert matches
+def oracle_lookup(tokens: list[int], max_ngram: int, min_ngram: int, max_draft_tokens: int):
+    """Prompt lookup spelt out in plain Python: (continuation, n, age, occurrences) or None."""
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if n >= len(tokens):
+            continue
+        starts = [p for p in range(len(tokens) - n) if tokens[p : p + n] == tokens[len(tokens) - n :]]
+        if starts:
+            begin = starts[-1] + n
+            return tokens[begin : begin + max_draft_tokens], n, len(tokens) - begin, len(starts)
+    return None
+
+
+@given(st.lists(st.integers(0, 5), max_size=40), st.integers(1, 4), st.integers(1, 4), st.integers(1, 6))
+def test_lookup_match_equals_the_plain_python_lookup(tokens, max_ngram, min_ngram, max_draft_tokens):
+    """lookup_match finds the same continuation, n, age and occurrences as the plain-Python oracle."""
+    min_ngram = min(min_ngram, max_ngram)
+    match = lookup_match(torch.tensor(tokens, dtype=torch.long), max_ngram, min_ngram, max_draft_tokens)
+    found = None if match is None else (match.continuation.tolist(), match.ngram, match.age, match.occurrences)
+    assert found == oracle_lookup(tokens, max_ngram, min_ngram, max_draft_tokens)
 
 
 def test_propose_handles_ragged_rows():
@@ -62,16 +69,16 @@ def test_bad_sizes_are_refused(kwargs):
 
 
 @given(ragged_token_rows(), st.integers(1, 4), st.integers(1, 4), st.integers(1, 6))
-def test_batched_proposal_equals_the_per_row_lookup(rows, max_ngram, min_ngram, max_draft_tokens):
-    """propose (one batched comparison per n) drafts exactly lookup_match's continuation, length and signals per row."""
+def test_batched_proposal_equals_the_plain_python_lookup(rows, max_ngram, min_ngram, max_draft_tokens):
+    """propose drafts exactly the plain-Python oracle's continuation, length and signals for every row at once."""
     tokens, begin, end = rows
     min_ngram = min(min_ngram, max_ngram)
     context = DraftContext(tokens=tokens, begin=begin, end=end, rows=torch.arange(tokens.shape[0]), step=0, sampling=SamplingConfig())
     draft = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram).propose(context, max_draft_tokens)
     for row in range(tokens.shape[0]):
-        match = lookup_match(tokens[row, begin[row] : end[row]], max_ngram, min_ngram, max_draft_tokens)
-        found = 0 if match is None else match.continuation.numel()
-        assert int(draft.lengths[row]) == found
-        assert draft.tokens[row, :found].tolist() == ([] if match is None else match.continuation.tolist())
-        expected = [0.0] * 3 if match is None else [match.ngram, math.log(match.age), math.log(match.occurrences)]
+        match = oracle_lookup(tokens[row, begin[row] : end[row]].tolist(), max_ngram, min_ngram, max_draft_tokens)
+        continuation, ngram, age, occurrences = ([], 0, 1, 1) if match is None else match
+        assert int(draft.lengths[row]) == len(continuation)
+        assert draft.tokens[row, : len(continuation)].tolist() == continuation
+        expected = [0.0] * 3 if match is None else [ngram, math.log(age), math.log(occurrences)]
         assert draft.signals[row, 0].tolist() == pytest.approx(expected, abs=1e-6)

@@ -27,21 +27,22 @@ class LookupMatch:
 
 def lookup_match(context: torch.Tensor, max_ngram: int, min_ngram: int, max_draft_tokens: int) -> LookupMatch | None:
     """Tries n = max_ngram down to min_ngram; for the first n with an earlier match of the context's
-    last n tokens, the up to ``max_draft_tokens`` tokens after its latest occurrence (None when none matches)."""
+    last n tokens, the up to ``max_draft_tokens`` tokens after its latest occurrence (None when none matches).
+    ``batch_lookup`` on one row."""
     length = context.shape[0]
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        windows = context[: length - 1].unfold(0, n, 1)  # windows ending before the last token
-        matches = (windows == context[length - n :]).all(dim=1).nonzero().squeeze(1)
-        if matches.numel() > 0:
-            start = int(matches[-1]) + n
-            return LookupMatch(context[start : start + max_draft_tokens], n, length - start, matches.numel())
-    return None
+    begin, end = torch.tensor([0, length], device=context.device).split(1)
+    start, ngram, occurrences = (int(value) for value in batch_lookup(context[None], begin, end, max_ngram, min_ngram))
+    if ngram == 0:
+        return None
+    return LookupMatch(context[start : start + max_draft_tokens], ngram, length - start, occurrences)
 
 
 def batch_lookup(
     tokens: torch.Tensor, begin: torch.Tensor, end: torch.Tensor, max_ngram: int, min_ngram: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``lookup_match`` for every row of ``tokens`` [R, L] at once, row r's context being ``tokens[r, begin[r]:end[r]]``.
+    """The latest earlier match of each context's last n-gram, for every row of ``tokens`` [R, L] at once,
+    row r's context being ``tokens[r, begin[r]:end[r]]``: n runs from ``max_ngram`` down to ``min_ngram``
+    and a row keeps the first n with a match (one that ends before the context's last token).
 
     Returns LongTensors [R]: the absolute index where the copied continuation starts (0 where no n-gram
     matched), the n that matched (0: none) and its earlier occurrences. One comparison of every window with
