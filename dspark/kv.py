@@ -48,8 +48,9 @@ class GrowingLayer(DynamicLayer):
 
     ``keys``/``values`` stay what ``DynamicLayer`` promises: the cached states, here views of the buffer's
     first slots. The buffer grows by half again when full (amortised O(1) copies per slot). ``crop`` keeps the
-    view's storage, so the next update writes over the cropped slots; anything that replaces ``keys`` with a
-    new tensor (``batch_select_indices``, ``reorder_cache``) is copied into a new buffer at the next update.
+    view's storage, so the next update writes over the cropped slots. ``batch_select_indices`` with rising
+    indices (rows leaving a batch) moves the kept rows down within the buffer; anything that replaces ``keys``
+    with a new tensor (other selections, ``reorder_cache``) is copied into a new buffer at the next update.
     """
 
     def __init__(self, **kwargs):
@@ -76,6 +77,30 @@ class GrowingLayer(DynamicLayer):
         self._value_buffer[..., held : held + new, :] = value_states
         self.keys, self.values = self._key_buffer[..., : held + new, :], self._value_buffer[..., : held + new, :]
         return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices`` of the batch, in that order.
+
+        Rising indices, as when rows leave a batch, keep the buffer and its spare slots: each kept row whose
+        place changes is copied down into its new place (lowest first, so no row is overwritten before it is
+        read), the rows before the first that leaves are not touched, and no buffer is allocated. HF's layer
+        copies every kept row into a new tensor, which the next update copies again into a new buffer; at
+        32 rows of 800 slots that was ~0.1 s of the following step on this CPU. Other indices (a reordering,
+        repeats) select as ``DynamicLayer`` does."""
+        held = self.get_seq_length()
+        buffers = (self._key_buffer, self._value_buffer)
+        chosen = indices.tolist() if held > 0 and indices.dim() == 1 else None
+        rising = bool(chosen) and chosen[0] >= 0 and all(earlier < later for earlier, later in zip(chosen, chosen[1:]))
+        if not (rising and all(self._holds(cached, buffer, cached) and cached.shape[:-2] == buffer.shape[:-2] and chosen[-1] < buffer.shape[0]
+                               for cached, buffer in zip((self.keys, self.values), buffers))):
+            super().batch_select_indices(indices)
+            return
+        for buffer in buffers:
+            for place, row in enumerate(chosen):
+                if row != place:
+                    buffer[place, ..., :held, :].copy_(buffer[row, ..., :held, :])
+        self._key_buffer, self._value_buffer = (buffer[: len(chosen)] for buffer in buffers)
+        self.keys, self.values = self._key_buffer[..., :held, :], self._value_buffer[..., :held, :]
 
     @staticmethod
     def _holds(cached: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor) -> bool:
@@ -196,7 +221,7 @@ class RaggedCache:
         if not bool(finished.any()):
             return
         rows = (~finished).nonzero().squeeze(1)
-        # Selecting rows in place copies each layer once and frees it before the next: no slot gather.
+        # A GrowingLayer moves the kept rows down within its buffer (no slot gather, no new buffer).
         for layer in self.cache.layers:
             if layer.is_initialized:
                 layer.batch_select_indices(rows.to(layer.keys.device))

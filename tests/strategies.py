@@ -264,7 +264,8 @@ def isotonic_calibrations(draw, max_positions: int = 5, max_knots: int = 8):
 
 @st.composite
 def cache_operations(draw, max_operations: int = 12):
-    """A sequence of cache-layer operations: ("update", new slots), ("crop", slots) or ("select", row indices), on 3 rows."""
+    """A sequence of cache-layer operations on 3 rows at first: ("update", new slots), ("crop", slots) or ("select", row
+    indices), the indices rising (rows leaving) or in any order with repeats (a reordering)."""
     operations, rows = [], 3
     for _ in range(draw(st.integers(1, max_operations))):
         kind = draw(st.sampled_from(["update", "update", "crop", "select"]))
@@ -272,8 +273,12 @@ def cache_operations(draw, max_operations: int = 12):
             operations.append(("update", draw(st.integers(1, 40))))
         elif kind == "crop":
             operations.append(("crop", draw(st.integers(1, 5))))
-        elif rows > 1:
+        elif draw(st.booleans()):  # rows leaving the batch: rising indices
             keep = sorted(draw(st.sets(st.integers(0, rows - 1), min_size=1, max_size=rows)))
+            operations.append(("select", keep))
+            rows = len(keep)
+        else:  # a reordering, possibly with repeats (beam search)
+            keep = draw(st.lists(st.integers(0, rows - 1), min_size=1, max_size=rows))
             operations.append(("select", keep))
             rows = len(keep)
     return operations

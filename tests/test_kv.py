@@ -170,6 +170,18 @@ def test_growing_layer_writes_in_place_until_full():
     assert layer.keys[0, 0, :, 0].tolist() == [0.0] * 10 + [1.0, 2.0, 2.0]
 
 
+def test_growing_layer_drops_rows_within_its_buffer():
+    """Rows leaving (rising indices) keep the buffer's storage and capacity, and the next update still writes in place."""
+    layer, states = GrowingLayer(), torch.arange(4 * 5 * 2, dtype=torch.float32).reshape(4, 1, 5, 2)
+    layer.update(states, -states)
+    storage, capacity = layer.keys.data_ptr(), layer.capacity
+    layer.batch_select_indices(torch.tensor([0, 2, 3]))
+    assert torch.equal(layer.keys, states[[0, 2, 3]]) and torch.equal(layer.values, -states[[0, 2, 3]])
+    layer.update(torch.ones(3, 1, 1, 2), torch.ones(3, 1, 1, 2))
+    assert layer.keys.data_ptr() == storage and layer.capacity == capacity
+    assert torch.equal(layer.keys[:, :, :5], states[[0, 2, 3]]) and bool((layer.keys[:, :, 5] == 1).all())
+
+
 @pytest.mark.parametrize("layer_class", [DynamicLayer, GrowingLayer])
 def test_ragged_cache_with_either_layer_class_preserves_logits(layer_class):
     """A RaggedCache of DynamicLayer or GrowingLayer layers gives a clean run's logits after holes and compaction."""
