@@ -10,13 +10,15 @@ logistic model of its signals), greedy and/or at temperature 1:
 
 * plain decoding (nothing drafted), MTP-1 (``FixedLength(1)``), fixed γ (every drafted token),
   threshold (``Threshold(0.5)`` on the calibrated survival), vLLM's argmax rule, DSpark
-  (``HardwareAwareScheduler``, column-wise admission) and DSpark with the paper's candidate-wise
-  admission (``dspark_candidates``), the last three with the cost model ``wrap`` profiles on this machine
+  (``HardwareAwareScheduler``, column-wise admission), DSpark with the paper's candidate-wise
+  admission (``dspark_candidates``) and DSpark weighing rows by when they finish (``dspark_static``,
+  ``static_batch=True``), the last four with the cost model ``wrap`` profiles on this machine
   (each its own copy, corrected online by its own steps, and its own estimator, as separate ``wrap`` calls would have);
 * aggregate tokens/s (all rows' new tokens over the batches' wall time), per-user tokens/s (one
   row's tokens over its batch's time, averaged over rows), τ, the mean verify length per row and step
   (both over every batch of the last round), each policy's speed
-  over plain decoding and over the best static policy (plain, MTP-1, fixed γ, threshold) at that c;
+  over plain decoding and over the best static policy (plain, MTP-1, fixed γ, threshold; those of
+  ``--policies`` run) at that c;
 * the same ratios for decoding alone (``decode_*``: the steps' own times from the step records, so
   the prompt's processing, which dominates short runs at large c, is left out); with ``--repeats N``
   every time is the median of N timed rounds; a round times every policy on each batch in turn, so
@@ -57,7 +59,7 @@ from dspark.verify import CalibrationFile, Threshold, calibrated_estimator
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STATIC = ("plain", "mtp1", "fixed_gamma", "threshold")
-POLICIES = (*STATIC, "vllm_rule", "dspark", "dspark_candidates")
+POLICIES = (*STATIC, "vllm_rule", "dspark", "dspark_candidates", "dspark_static")
 DRAFTERS = ("shipped", "prompt_lookup")
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
@@ -70,6 +72,7 @@ def _parse_args(argv):
     parser.add_argument("--repeats", type=int, default=1, help="timed rounds per setting; the median is reported")
     parser.add_argument("--rows", type=int, default=8, help="rows generated per setting at least: ceil(rows / c) batches of c different prompts")
     parser.add_argument("--drafters", default="shipped,prompt_lookup", help="among shipped, prompt_lookup")
+    parser.add_argument("--policies", default=",".join(POLICIES), help=f"among {', '.join(POLICIES)}; plain is always run (every ratio is to it)")
     parser.add_argument("--lookup-calibration", default=str(RESULTS / "calibration_prompt_lookup"))
     parser.add_argument("--data-dir", default=None, help="the prompt-data folder holding eval/ (default: dspark.training.default_data_dir())")
     parser.add_argument("--output", type=Path, default=RESULTS / "bench_load.json")
@@ -83,6 +86,10 @@ def _parse_args(argv):
         parser.error(f"--rows must be >= 1, got {args.rows}")
     if args.repeats < 1 or not args.drafters or any(name not in DRAFTERS for name in args.drafters):
         parser.error(f"--repeats must be >= 1 and --drafters among {DRAFTERS}, got {args.repeats} and {args.drafters}")
+    chosen = {name for name in args.policies.split(",") if name} | {"plain"}
+    if not chosen <= set(POLICIES):
+        parser.error(f"--policies must be among {', '.join(POLICIES)}, got {args.policies!r}")
+    args.policies = [name for name in POLICIES if name in chosen]
     return args
 
 
@@ -99,6 +106,9 @@ def _policies(target, drafter, make_confidence, gamma) -> dict:
         "dspark": strategies.dspark(drafter, gamma, dspark.profiled_cost_model(target, drafter, gamma), make_confidence()),
         "dspark_candidates": strategies.dspark(
             drafter, gamma, dspark.profiled_cost_model(target, drafter, gamma), make_confidence(), admission="candidates"
+        ),
+        "dspark_static": strategies.dspark(
+            drafter, gamma, dspark.profiled_cost_model(target, drafter, gamma), make_confidence(), static_batch=True
         ),
     }
 
@@ -215,10 +225,10 @@ def main(argv: list[str] | None = None) -> dict:
     }
     drafters = {name: drafters[name] for name in args.drafters}
     report = {"command": shlex.join([sys.executable, *sys.argv]), "settings": {**vars(args), "output": str(args.output)}, "results": {}, "mismatches": []}
-    runs = len(drafters) * len(args.modes) * len(args.concurrency) * len(POLICIES)
+    runs = len(drafters) * len(args.modes) * len(args.concurrency) * len(args.policies)
     with tqdm(total=runs, desc="load runs", unit="run", mininterval=30) as bar:
         for drafter_name, (drafter, make_confidence, gamma) in drafters.items():
-            policies = _policies(target, drafter, make_confidence, gamma)
+            policies = {name: policy for name, policy in _policies(target, drafter, make_confidence, gamma).items() if name in args.policies}
             for mode in args.modes:
                 for c in args.concurrency:
                     batches = [encode_chat(bundle.tokenizer, messages[start : start + c]) for start in range(0, c * batches_at[c], c)]
@@ -226,9 +236,10 @@ def main(argv: list[str] | None = None) -> dict:
                     if mode == "greedy":
                         report["mismatches"] += [{"drafter": drafter_name, "c": c, "policy": name} for name in tokens if tokens[name] != tokens["plain"]]
                     plain = entries["plain"]["aggregate_tokens_per_s"]
-                    best_static = max(entries[name]["aggregate_tokens_per_s"] for name in STATIC)
+                    static = [name for name in STATIC if name in entries]
+                    best_static = max(entries[name]["aggregate_tokens_per_s"] for name in static)
                     plain_decode = entries["plain"]["decode_tokens_per_s"]
-                    best_static_decode = max(entries[name]["decode_tokens_per_s"] for name in STATIC)
+                    best_static_decode = max(entries[name]["decode_tokens_per_s"] for name in static)
                     for entry in entries.values():
                         entry["vs_plain"] = entry["aggregate_tokens_per_s"] / plain
                         entry["vs_best_static"] = entry["aggregate_tokens_per_s"] / best_static

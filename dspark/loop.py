@@ -200,7 +200,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         with spec.forward_mode():
             draft = strategy.drafter.propose(context, max_draft_tokens) if max_draft_tokens > 0 or reads_features else Draft.empty(rows.numel(), device)
         # 2. Survival, 3. verify lengths.
-        verify_context = VerifyContext(rows=rows, priority=priority[rows], drafted_rows=drafted_rows if max_draft_tokens > 0 else 0)
+        verify_context = VerifyContext(rows=rows, priority=priority[rows], drafted_rows=drafted_rows if max_draft_tokens > 0 else 0, remaining=budget)
         survival, verify_lengths = _schedule(spec, draft, verify_context, max_draft_tokens, _limits(spec, rows, budget, depths))
 
         # 4. One target forward over [anchor, x_1..x_ℓ] for every row.

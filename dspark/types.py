@@ -192,9 +192,12 @@ class VerifyContext:
     ``rows``: the rows' indices in the caller's batch, LongTensor[R]; ``priority``: each row's weight
     w_r > 0 (FloatTensor[R], all 1 unless the caller of ``generate`` passed ``priority``), so that a
     policy can maximise the weighted goodput Σ_r w_r·(tokens of row r) per second; ``drafted_rows``:
-    how many rows were drafted this step (the others have limit 0), for the cost model's ``draft_time``.
+    how many rows were drafted this step (the others have limit 0), for the cost model's ``draft_time``;
+    ``remaining``: the tokens each row may still emit, this step's included (LongTensor[R]; None where
+    the caller does not know, as in a simulation of continuous batching).
     """
 
     rows: torch.Tensor
     priority: torch.Tensor
     drafted_rows: int = attrs.field(validator=int_at_least(0))
+    remaining: torch.Tensor | None = None

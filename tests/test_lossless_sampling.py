@@ -240,7 +240,11 @@ class SingleRequestBatches:
         return torch.cat([self.policy.lengths(survival[row : row + 1], cost_model, limits[row : row + 1]) for row in range(survival.shape[0])])
 
 
-@pytest.mark.parametrize("policy", [HardwareAwareScheduler(admission="candidates"), MinimumGainRule()], ids=["hardware-aware-candidates", "minimum-gain"])
+@pytest.mark.parametrize(
+    "policy",
+    [HardwareAwareScheduler(admission="candidates"), HardwareAwareScheduler(admission="candidates", static_batch=True), MinimumGainRule()],
+    ids=["hardware-aware-candidates", "hardware-aware-candidates-static-batch", "minimum-gain"],
+)
 def test_throughput_aware_policies_are_lossless_on_a_mixed_batch(models, policy):
     """On one 4000-row batch of two prompts the first step verifies x_1 for PROMPT's rows only, and both prompts' samples pass."""
     target, draft_model = models

@@ -2,6 +2,7 @@
 (the paper's Appendix A numbers included), its order, limits and early stop, properties over random
 problems, the vLLM and minimum-gain rules, and greedy equality with HF generate through the loop."""
 
+import itertools
 import math
 
 import attrs
@@ -21,6 +22,7 @@ from dspark.verify.schedulers import (
     VllmArgmaxRule,
     candidate_order,
     column_schedule,
+    finishing_weights,
     goodput_curve,
     minimum_gain_schedule,
     prefix_schedule,
@@ -502,3 +504,43 @@ def test_the_scheduler_reads_priority_and_drafted_rows_from_the_context():
 
     policy.lengths(survival, CountingCosts((1.0, 1.6)), full(2, 1), dspark.VerifyContext(rows=rows, priority=torch.ones(2), drafted_rows=1))
     assert charged == [1]
+
+
+def test_finishing_weights_by_hand():
+    """Budgets [10, 5, 5] on T(1..3, 1) = 1, 1.5, 1.8: the row furthest from its end gets 3·1/1.8, the tied pair 3·0.8/(2·1.8) each."""
+    table = {1: 1.0, 2: 1.5, 3: 1.8}
+    weights = finishing_weights(torch.tensor([10, 5, 5]), lambda rows, tokens: table[rows])
+    assert weights.tolist() == pytest.approx([3 / 1.8, 3 * 0.8 / 3.6, 3 * 0.8 / 3.6])
+
+
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=12), st.lists(st.floats(0.0, 5.0), min_size=12, max_size=12))
+def test_finishing_weights_sum_to_the_rows_and_are_one_when_budgets_tie(budgets, increments):
+    """For any non-decreasing T(k, 1) > 0, Σ f = R; rows with equal budgets weigh alike, and all-equal budgets give f = 1."""
+    table = list(itertools.accumulate([0.5 + increments[0], *increments[1:]]))
+    step_time = lambda rows, tokens: table[rows - 1]  # noqa: E731
+    remaining = torch.tensor(budgets)
+    weights = finishing_weights(remaining, step_time)
+    assert float(weights.sum()) == pytest.approx(len(budgets))
+    for value in set(budgets):
+        tied = weights[remaining == value]
+        assert torch.allclose(tied, tied[:1].expand_as(tied))
+    assert torch.allclose(finishing_weights(torch.full((len(budgets),), 3), step_time), torch.ones(len(budgets), dtype=torch.float64))
+
+
+def test_finishing_weights_refuse_a_float_budget():
+    """remaining must be an integer tensor [R]: a float one is a TypeError naming it."""
+    with pytest.raises(TypeError, match="remaining"):
+        finishing_weights(torch.tensor([1.0, 2.0]), lambda rows, tokens: 1.0)
+
+
+def test_static_batch_skips_a_column_only_rows_about_to_finish_would_fill():
+    """Two rows near their end draft well, two far from it draft nothing: Θ opens column 1, the finishing weights do not;
+    with equal budgets both give the same lengths."""
+    costs = LinearCostModel(base=1.0, per_token=0.1)  # Θ_0 = 4 / 1.4, Θ_1 = 5.8 / 1.8; weighted (f = 0.29 there): 4.51 / 1.8
+    survival = torch.tensor([[0.9], [0.9], [0.0], [0.0]])
+    limits = torch.tensor([1, 1, 0, 0])
+    context = lambda remaining: dspark.VerifyContext(rows=torch.arange(4), priority=torch.ones(4), drafted_rows=0, remaining=torch.tensor(remaining))  # noqa: E731
+    goodput, static = HardwareAwareScheduler(row_fallback=None), HardwareAwareScheduler(row_fallback=None, static_batch=True)
+    assert goodput.lengths(survival, costs, limits, context([3, 3, 9, 9])).tolist() == [1, 1, 0, 0]
+    assert static.lengths(survival, costs, limits, context([3, 3, 9, 9])).tolist() == [0, 0, 0, 0]
+    assert static.lengths(survival, costs, limits, context([5, 5, 5, 5])).tolist() == [1, 1, 0, 0]

@@ -35,6 +35,16 @@ The candidates (r, j), j ≤ limits[r], are visited in descending a_{r,j}; ties 
 the smaller r. Because a_{r,j+1} ≤ a_{r,j}, each row's candidates come in order of j, so the admitted
 set of any prefix of this order is a per-row prefix and ℓ_r is simply the count of row r's admissions.
 
+In a static batch — ``dspark.generate``'s, which runs until its last row is done — tokens are not all
+worth the same. With n_(1) ≥ n_(2) ≥ … the rows' remaining budgets in descending order and rows advancing
+alike, the batch's remaining forwards cost Σ_k n_(k)·(T(k, 1) − T(k − 1, 1)) (T(0, 1) = 0): the row
+ranked k pays the k-th row's marginal cost for each of its steps, so a token of a row that will finish
+early saves only a marginal row of a later forward, while one of the row furthest from its end shortens
+the batch's tail. ``finishing_weights`` turns this into weights f_r with Σ_r f_r = R that multiply the
+priorities (``HardwareAwareScheduler(static_batch=True)``): rows that tie share their ranks' costs alike,
+so at one row, or while every row has the same budget, f = 1 and Θ is the paper's. Continuous batching,
+where a finished row is replaced at once, values every token alike: that is Θ without the weights.
+
 Why the scheduler must stop early (paper Appendix A): lossless sampling needs every admission to be
 non-anticipating — whether x_{r,k} is verified may depend only on what was known before x_{r,k} was
 drawn. a_{r,k+1} depends on x_{r,k} (the confidence of position k+1 reads the token before it), and
@@ -71,6 +81,7 @@ __all__ = [
     "VllmArgmaxRule",
     "candidate_order",
     "column_schedule",
+    "finishing_weights",
     "goodput_curve",
     "minimum_gain_schedule",
     "prefix_schedule",
@@ -177,6 +188,32 @@ def column_schedule(
     return torch.minimum(limits.long().clamp_min(0), columns)
 
 
+def finishing_weights(remaining: torch.Tensor, step_time: StepTime) -> torch.Tensor:
+    """Static-batch weights f_r ≥ 0 with Σ_r f_r = R from the rows' remaining budgets n_r (LongTensor[R]):
+
+        f_r = R · (T(K_r, 1) − T(K_r − j_r, 1)) / (j_r · T(R, 1)),   K_r = #{n ≥ n_r},  j_r = #{n = n_r},
+
+    T(0, 1) = 0 (module docstring). f = 1 for one row and wherever every row has the same budget; the
+    rows furthest from their end weigh most. Float64 on ``remaining``'s device; ``step_time`` is called
+    R times with Python ints only (k = 1..R, one token), so nothing is copied to the host.
+    """
+    if not isinstance(remaining, torch.Tensor) or remaining.dim() != 1 or remaining.is_floating_point() or remaining.dtype == torch.bool:
+        raise TypeError(f"remaining must be an integer tensor [R] of the rows' remaining budgets, got {_describe(remaining)}")
+    if not callable(step_time):
+        raise TypeError(f"step_time must be a callable (rows, tokens) -> seconds, got {step_time!r}")
+    rows = remaining.shape[0]
+    seconds = [0.0] + [_check_seconds(f"step_time(R={count}, tokens=1)", step_time(count, 1)) for count in range(1, rows + 1)]
+    if rows == 0 or seconds[rows] <= 0:
+        return torch.ones(rows, dtype=torch.float64, device=remaining.device)
+    table = torch.tensor(seconds, dtype=torch.float64, device=remaining.device)
+    ascending = remaining.sort().values
+    below = torch.searchsorted(ascending, remaining, side="left")  # rows with n < n_r
+    ahead = rows - below
+    tied = torch.searchsorted(ascending, remaining, side="right") - below
+    # A cost model that is not monotone in rows could make a share negative: such a row is worth nothing.
+    return (rows * (table[ahead] - table[ahead - tied]) / (tied * table[rows])).clamp_min(0.0)
+
+
 def minimum_gain_schedule(prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, min_gain: float = 0.04) -> torch.Tensor:
     """ℓ LongTensor[R]: admit candidates in ``candidate_order`` while a_{r,j} − ΔT / T(R, 1) ≥ ``min_gain``,
     ΔT the step time the admission adds (T(R, 1 + new max ℓ) − T(R, 1 + old max ℓ), 0 when max ℓ does not
@@ -210,25 +247,36 @@ class HardwareAwareScheduler:
     at all (``dspark.verify.fallback``; beyond the paper); None drafts every row every step.
     ``admission``: "columns" (the default), whole verify columns (``column_schedule``), which is what dspark's
     rectangular forward pays for; or "candidates", the paper's order of single (r, j) (``prefix_schedule``).
-    Both stop early and are lossless, and they agree at one row.
+    Both stop early and are lossless, and they agree at one row. ``static_batch``: weigh each row's tokens
+    by ``finishing_weights`` of the rows' remaining budgets (``VerifyContext.remaining``), what they are
+    worth in a batch that runs until its last row is done, as ``dspark.generate``'s does (beyond the paper;
+    the weights read only budgets known before the step, so admission stays non-anticipating). False values
+    every token alike, the paper's Θ, right for continuous batching. One row, or rows with equal budgets,
+    get the same lengths either way.
     """
 
     max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
     include_draft_cost: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     row_fallback: RowFallback | None = attrs.field(factory=GoodputFallback, validator=attrs.validators.optional(attrs.validators.instance_of(RowFallback)))
     admission: str = attrs.field(default="columns", validator=attrs.validators.in_(ADMISSIONS))
+    static_batch: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     needs_survival = True
     needs_cost_model = True
     reads_context = True
 
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor, context: VerifyContext | None = None) -> torch.Tensor:
         """``column_schedule`` (or ``prefix_schedule`` with early stop, by ``admission``) of a = cumprod(c),
-        weighted by the context's priorities, on the cost model's step time."""
+        weighted by the context's priorities (times the finishing weights with ``static_batch``), on the
+        cost model's step time."""
         prefix, limits = _prefix_and_limits(self, survival, limits)
         draft_seconds = _draft_seconds(cost_model, prefix.shape[0], context) if self.include_draft_cost else 0.0
+        weights = _priority(context)
+        if self.static_batch and context is not None and context.remaining is not None:
+            finishing = finishing_weights(context.remaining, cost_model.step_time).to(prefix.device)
+            weights = finishing if weights is None else finishing * weights.to(finishing.device, finishing.dtype)
         if self.admission == "columns":
-            return column_schedule(prefix, limits, cost_model.step_time, draft_seconds, weights=_priority(context))
-        return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=True, weights=_priority(context))
+            return column_schedule(prefix, limits, cost_model.step_time, draft_seconds, weights=weights)
+        return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=True, weights=weights)
 
 
 @attrs.frozen
