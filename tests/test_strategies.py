@@ -22,9 +22,11 @@ def test_presets_compose_the_policy_they_name():
 
 
 def test_the_dspark_preset_admits_columns_unless_told_otherwise():
-    """strategies.dspark schedules whole verify columns by default and the paper's single candidates on request."""
+    """strategies.dspark schedules whole verify columns by default and the paper's single candidates on request;
+    it weighs rows by when they finish only with static_batch=True."""
     drafter, cost = PromptLookupDrafter(), ConstantCostModel(step_seconds=0.01)
     assert strategies.dspark(drafter, 5, cost).policy.admission == "columns"
+    assert strategies.dspark(drafter, 5, cost, static_batch=True).policy.static_batch and not strategies.dspark(drafter, 5, cost).policy.static_batch
     assert strategies.dspark(drafter, 5, cost, admission="candidates").policy.admission == "candidates"
     with pytest.raises(ValueError, match="admission"):
         strategies.dspark(drafter, 5, cost, admission="rows")
