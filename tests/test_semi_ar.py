@@ -301,6 +301,27 @@ def test_drafting_a_subset_of_rows_equals_drafting_them_all(llama, sequential, b
         assert torch.allclose(getattr(subset, name)[[0, 2]], getattr(every, name)[[0, 2]], atol=1e-5), name
 
 
+@pytest.mark.parametrize("sequential, backbone", [("markov", "parallel"), ("rnn", "parallel"), (None, "parallel"), ("markov", "autoregressive")])
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_shallower_proposal_is_the_deeper_ones_prefix(llama, sequential, backbone, do_sample):
+    """Drafting k < γ tokens gives exactly the first k tokens, q, confidence and signals of the γ-token draft."""
+    input_ids, attention_mask = left_padded_batch([5, 9])
+    with torch.inference_mode():
+        hidden = llama(input_ids[:, :-1], attention_mask=attention_mask[:, :-1], output_hidden_states=True).hidden_states
+    drafter, drafts = _drafter(llama, sequential=sequential, backbone=backbone), []
+    for depth in (4, 2):
+        context = dspark.DraftContext(
+            tokens=input_ids, begin=(attention_mask == 0).sum(dim=1), end=torch.full((2,), input_ids.shape[1]), rows=torch.arange(2), step=0,
+            sampling=dspark.SamplingConfig(do_sample=do_sample), features=torch.cat([hidden[1], hidden[2]], dim=-1),
+            feature_mask=attention_mask[:, :-1], generator=torch.Generator().manual_seed(3),
+        )
+        drafts.append(start_generation(drafter, rows=2).propose(context, depth))
+    deep, shallow = drafts
+    assert shallow.lengths.tolist() == [2, 2]
+    for name in ("tokens", "probs", "confidence", "signals"):
+        assert torch.allclose(getattr(shallow, name), getattr(deep, name)[:, :2], atol=1e-5), name
+
+
 @pytest.mark.parametrize("context_slots", [0, 1, 13])
 def test_context_and_block_attention_equals_attention_over_joined_keys(context_slots):
     """Attention over context and block parts without joining them equals SDPA over the joined keys and values."""

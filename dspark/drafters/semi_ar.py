@@ -577,7 +577,8 @@ class SemiARDrafter(nn.Module):
             anchor = self.anchor_input(anchors, previous_context)[:, None]
             block = torch.cat([anchor, self.mask_embedding.expand(rows, self.config.max_draft_tokens - 1, -1)], dim=1)
             hidden = self.backbone(block, causal=False, selected=selected)
-            base_logits = self._base_logits(hidden)
+            # The head only for the positions drafted: a fallback that drafts 1-2 deep skips most of this product.
+            base_logits = self._base_logits(hidden[:, :max_draft_tokens])
         features, vocab_features = self.previous_token_features(anchors), self.draft_vocab_features()
         state = self.mask_embedding.new_zeros((rows, self.config.rank)) if self.config.sequential == "rnn" else None
         tokens, block_hidden, previous_features, logits, probs = [], [], [], [], []
