@@ -103,7 +103,7 @@ class GrowingLayer(DynamicLayer):
         """Whether the rows ``chosen`` rise from 0 up within the buffer that keys and values are views of."""
         rising = bool(chosen) and chosen[0] >= 0 and all(earlier < later for earlier, later in zip(chosen, chosen[1:]))
         return rising and all(
-            self._holds(cached, buffer, cached) and cached.shape[:-2] == buffer.shape[:-2] and chosen[-1] < buffer.shape[0]
+            self._holds(cached, buffer, buffer) and chosen[-1] < buffer.shape[0]
             for cached, buffer in ((self.keys, self._key_buffer), (self.values, self._value_buffer))
         )
 

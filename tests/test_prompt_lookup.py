@@ -82,3 +82,23 @@ def test_batched_proposal_equals_the_plain_python_lookup(rows, max_ngram, min_ng
         assert draft.tokens[row, : len(continuation)].tolist() == continuation
         expected = [0.0] * 3 if match is None else [ngram, math.log(age), math.log(occurrences)]
         assert draft.signals[row, 0].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+@given(ragged_token_rows(), st.sets(st.integers(0, 4)))
+def test_drafting_a_subset_of_rows_equals_drafting_them_all(rows, chosen):
+    """With context.draft_rows, the named rows get the draft they get when every row is drafted; the others get nothing."""
+    tokens, begin, end = rows
+    subset = torch.tensor(sorted(row for row in chosen if row < tokens.shape[0]), dtype=torch.long)
+    drafts = [
+        PromptLookupDrafter(max_ngram=2, min_ngram=1).propose(
+            DraftContext(tokens=tokens, begin=begin, end=end, rows=torch.arange(tokens.shape[0]), step=0, sampling=SamplingConfig(), draft_rows=draft_rows), 3
+        )
+        for draft_rows in (None, subset)
+    ]
+    every, some = drafts
+    others = torch.ones(tokens.shape[0], dtype=torch.bool)
+    others[subset] = False
+    if subset.numel() > 0:
+        assert torch.equal(some.lengths[subset], every.lengths[subset]) and torch.equal(some.tokens[subset], every.tokens[subset])
+        assert torch.equal(some.signals[subset], every.signals[subset])
+    assert not bool(some.lengths[others].any())

@@ -101,26 +101,24 @@ class PromptLookupDrafter:
         rows without a match get an empty draft. ``Draft.signals`` holds ``LOOKUP_SIGNALS`` per row (known
         before any token is drafted, so non-anticipating)."""
         rows, device = context.tokens.shape[0], context.tokens.device
-        if max_draft_tokens == 0 or (context.draft_rows is not None and context.draft_rows.numel() == 0):
+        selected = context.draft_rows
+        if max_draft_tokens == 0 or (selected is not None and selected.numel() == 0):
             return Draft.empty(rows, device)
-        drafted = torch.arange(rows, device=device) if context.draft_rows is None else context.draft_rows.to(device)
-        tokens, begin, end = context.tokens[drafted], context.begin[drafted], context.end[drafted]
+        selected = None if selected is None else selected.to(device)
+        tokens, begin, end = (context.tokens, context.begin, context.end) if selected is None else (
+            context.tokens[selected], context.begin[selected], context.end[selected])
         start, ngram, occurrences = batch_lookup(tokens, begin, end, self.max_ngram, self.min_ngram)
-        matched = ngram > 0
+        matched, age = ngram > 0, end - start
         # The continuation runs from start to the context's end at most.
-        found = torch.where(matched, (end - start).clamp(0, max_draft_tokens), 0)
+        lengths = torch.where(matched, age.clamp(0, max_draft_tokens), 0)
         offsets = torch.arange(max_draft_tokens, device=device)
         copied = tokens.gather(1, (start[:, None] + offsets).clamp_max(tokens.shape[1] - 1))
-        lengths = torch.zeros(rows, dtype=torch.long, device=device)
-        draft_tokens = torch.zeros((rows, max_draft_tokens), dtype=torch.long, device=device)
-        lengths[drafted] = found
-        draft_tokens[drafted] = torch.where(offsets[None, :] < found[:, None], copied, 0)
-        signals = torch.zeros((rows, len(LOOKUP_SIGNALS)), device=device)
-        age = (end - start).clamp_min(1).double()
-        signals[drafted] = torch.where(
-            matched[:, None], torch.stack([ngram.double(), age.log(), occurrences.clamp_min(1).double().log()], dim=1), 0.0
-        ).float()
-        return Draft(tokens=draft_tokens, lengths=lengths, signals=signals[:, None, :].expand(rows, max_draft_tokens, -1))
+        signals = torch.stack([ngram.double(), age.clamp_min(1).double().log(), occurrences.clamp_min(1).double().log()], dim=1)
+        draft = Draft(
+            tokens=torch.where(offsets[None, :] < lengths[:, None], copied, 0), lengths=lengths,
+            signals=torch.where(matched[:, None], signals, 0.0).float()[:, None, :].expand(-1, max_draft_tokens, -1),
+        )
+        return draft if selected is None else draft.placed(rows, selected)
 
     def observe(self, outcome: StepOutcome) -> None:
         """Nothing to learn: the context already holds the emitted tokens."""
