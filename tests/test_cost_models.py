@@ -425,6 +425,22 @@ def test_mean_context_is_the_prompt_plus_half_the_new_tokens():
         _start(2, 800, 764)
 
 
+def test_profile_key_tells_cascades_apart_by_their_parts(target):
+    """A cascade's table key counts its parts' parameters: cascades of other drafters never share a table."""
+    from dspark.drafters import CascadeDrafter
+    from dspark.verify import DraftProbability
+
+    def cascade(drafter):
+        return CascadeDrafter([(PromptLookupDrafter(), DraftProbability()), (drafter, DraftProbability())])
+
+    markov, rnn = tiny_semi_ar_drafter(target), tiny_semi_ar_drafter(target, sequential="rnn")
+    keys = [profile_key(target, drafter)["drafter"] for drafter in (cascade(markov), cascade(rnn), markov)]
+    markov_parameters = sum(parameter.numel() for parameter in markov.parameters())
+    assert keys[0] == f"CascadeDrafter {markov_parameters}" and keys[2] == f"SemiARDrafter {markov_parameters}"
+    assert keys[0] != keys[1]
+    assert profile_key(target, PromptLookupDrafter())["drafter"] == "PromptLookupDrafter None"
+
+
 def test_auto_profiled_model_profiles_each_shape_once_and_answers_from_the_current_one(target, tmp_path, monkeypatch):
     """The base shape is profiled at once; start switches to a generation's (rows grid, context band), profiling a
     shape only the first time (memory, then the disk cache), and says whether the answering table changed."""

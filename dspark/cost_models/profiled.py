@@ -305,12 +305,26 @@ def _device_name(device: torch.device) -> str:
     return device.type
 
 
-def _parameter_count(part) -> int | None:
-    """Parameters of ``part`` if it is a module, else of the modules among its attributes; None for neither."""
-    if isinstance(part, torch.nn.Module):
-        modules = [part]
+def _modules_within(value, depth: int = 3) -> list[torch.nn.Module]:
+    """The modules ``value`` is or holds: itself, its attributes', and those inside tuples, lists and dicts
+    among them, ``depth`` levels down (a cascade's parts are (drafter, estimator) pairs in a tuple)."""
+    if isinstance(value, torch.nn.Module):
+        return [value]
+    if depth == 0:
+        return []
+    if isinstance(value, (tuple, list)):
+        children = list(value)
+    elif isinstance(value, dict):
+        children = list(value.values())
     else:
-        modules = [value for value in vars(part).values() if isinstance(value, torch.nn.Module)] if hasattr(part, "__dict__") else []
+        children = list(vars(value).values()) if hasattr(value, "__dict__") else []
+    return [module for child in children for module in _modules_within(child, depth - 1)]
+
+
+def _parameter_count(part) -> int | None:
+    """Parameters of ``part`` if it is a module, else of the modules it holds (``_modules_within``): a
+    composite drafter's tables then differ with its parts. None when it holds no module."""
+    modules = _modules_within(part)
     if not modules:
         return None
     seen = {id(parameter): parameter.numel() for module in modules for parameter in module.parameters()}
