@@ -93,24 +93,25 @@ def _parse_args(argv):
     return args
 
 
-def _policies(target, drafter, make_confidence, gamma) -> dict:
-    """Name → Strategy for one drafter. Every policy that learns gets its own estimator
-    (``make_confidence()``) and its own online-corrected cost model on the table ``wrap`` profiles here, as
-    separate ``wrap`` calls would: shared, each one's decisions would follow what the others ran before it."""
-    return {
-        "plain": strategies.autoregressive(drafter),
-        "mtp1": strategies.mtp1(drafter),
-        "fixed_gamma": strategies.fixed_length(drafter, gamma),
-        "threshold": dspark.Strategy(drafter=drafter, policy=Threshold(0.5), confidence=make_confidence(), max_draft_tokens=gamma),
-        "vllm_rule": strategies.vllm_rule(drafter, gamma, dspark.profiled_cost_model(target, drafter, gamma), make_confidence()),
-        "dspark": strategies.dspark(drafter, gamma, dspark.profiled_cost_model(target, drafter, gamma), make_confidence()),
-        "dspark_candidates": strategies.dspark(
-            drafter, gamma, dspark.profiled_cost_model(target, drafter, gamma), make_confidence(), admission="candidates"
-        ),
-        "dspark_static": strategies.dspark(
-            drafter, gamma, dspark.profiled_cost_model(target, drafter, gamma), make_confidence(), static_batch=True
-        ),
+def _policies(target, drafter, make_confidence, gamma, names) -> dict:
+    """Name → Strategy for one drafter, for the policies ``names`` only (the cost-model ones read or profile a
+    table when built). Every policy that learns gets its own estimator (``make_confidence()``) and its own
+    online-corrected cost model on the table ``wrap`` profiles here, as separate ``wrap`` calls would: shared,
+    each one's decisions would follow what the others ran before it."""
+    def costed():
+        return dspark.profiled_cost_model(target, drafter, gamma)
+
+    builders = {
+        "plain": lambda: strategies.autoregressive(drafter),
+        "mtp1": lambda: strategies.mtp1(drafter),
+        "fixed_gamma": lambda: strategies.fixed_length(drafter, gamma),
+        "threshold": lambda: dspark.Strategy(drafter=drafter, policy=Threshold(0.5), confidence=make_confidence(), max_draft_tokens=gamma),
+        "vllm_rule": lambda: strategies.vllm_rule(drafter, gamma, costed(), make_confidence()),
+        "dspark": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence()),
+        "dspark_candidates": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), admission="candidates"),
+        "dspark_static": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), static_batch=True),
     }
+    return {name: builders[name]() for name in names}
 
 
 def _timed(model, batch, sampling, max_new_tokens) -> tuple[float, float, object]:
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs = len(drafters) * len(args.modes) * len(args.concurrency) * len(args.policies)
     with tqdm(total=runs, desc="load runs", unit="run", mininterval=30) as bar:
         for drafter_name, (drafter, make_confidence, gamma) in drafters.items():
-            policies = {name: policy for name, policy in _policies(target, drafter, make_confidence, gamma).items() if name in args.policies}
+            policies = _policies(target, drafter, make_confidence, gamma, args.policies)
             for mode in args.modes:
                 for c in args.concurrency:
                     batches = [encode_chat(bundle.tokenizer, messages[start : start + c]) for start in range(0, c * batches_at[c], c)]

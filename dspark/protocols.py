@@ -25,6 +25,7 @@ __all__ = [
     "RowFallback",
     "VerifyPolicy",
     "check_hooks",
+    "drafter_modules",
     "hook",
 ]
 
@@ -189,6 +190,23 @@ COST_MODEL_HOOKS: dict[str, Hook] = {
     "observe_step": Hook(None, callable, "a method observe_step(rows, tokens, seconds)", "each step's measured target forward, to correct the model online"),
     "observe_draft": Hook(None, callable, "a method observe_draft(rows, seconds)", "each step's measured drafting time, to correct the model online"),
 }
+
+
+def drafter_modules(drafter, depth: int = 3) -> list[torch.nn.Module]:
+    """The modules a drafter runs: the drafter itself when it is one, else the modules among its
+    attributes and inside tuples, lists and dicts there, ``depth`` levels down (``DraftModelDrafter``'s
+    small model; a ``CascadeDrafter``'s parts, kept as (drafter, estimator) pairs in a tuple)."""
+    if isinstance(drafter, torch.nn.Module):
+        return [drafter]
+    if depth == 0:
+        return []
+    if isinstance(drafter, (tuple, list)):
+        children = list(drafter)
+    elif isinstance(drafter, dict):
+        children = list(drafter.values())
+    else:
+        children = list(vars(drafter).values()) if hasattr(drafter, "__dict__") else []
+    return [module for child in children for module in drafter_modules(child, depth - 1)]
 
 
 def hook(part, name: str, hooks: dict[str, Hook]):

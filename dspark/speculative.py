@@ -8,7 +8,7 @@ from dspark.cost_models.auto import BASE_ROWS
 from dspark.fast_path import FastPath, on_cpu
 from dspark.kv import check_cache_support
 from dspark.loop import LoopSpec, run_generation
-from dspark.protocols import DRAFTER_HOOKS, POLICY_HOOKS, ConfidenceEstimator, CostModel, Drafter, VerifyPolicy, check_hooks, hook
+from dspark.protocols import DRAFTER_HOOKS, POLICY_HOOKS, ConfidenceEstimator, CostModel, Drafter, VerifyPolicy, check_hooks, drafter_modules, hook
 from dspark.stats import GenerationResult
 from dspark.strategy import Strategy, check_max_draft_tokens
 from dspark.types import SamplingConfig
@@ -33,14 +33,6 @@ DEFAULT_DRAFT_TOKENS = 4
 PROFILED_ROWS = BASE_ROWS
 
 
-def _drafter_modules(drafter) -> list[torch.nn.Module]:
-    """The modules a drafter runs: the drafter itself when it is one, else its module attributes
-    (e.g. ``DraftModelDrafter``'s small model)."""
-    if isinstance(drafter, torch.nn.Module):
-        return [drafter]
-    return [value for value in vars(drafter).values() if isinstance(value, torch.nn.Module)] if hasattr(drafter, "__dict__") else []
-
-
 def _resolve_fast_path(model: torch.nn.Module, drafter, fast_path) -> FastPath | None:
     """None/True/False/a FastPath -> the FastPath dspark's forwards run under (None: plain forwards)."""
     if fast_path is not None and not isinstance(fast_path, (bool, FastPath)):
@@ -52,7 +44,7 @@ def _resolve_fast_path(model: torch.nn.Module, drafter, fast_path) -> FastPath |
         return None
     if fast_path is True:
         fast_path = FastPath.shared(model)  # every wrap of this model shares its measurements and copies
-    for module in _drafter_modules(drafter):
+    for module in drafter_modules(drafter):
         fast_path.include(module)
     return fast_path
 

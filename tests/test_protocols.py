@@ -92,3 +92,18 @@ def test_declared_hooks_document_themselves():
     """Every declared hook names what it is for and what is allowed."""
     for hooks in (DRAFTER_HOOKS, POLICY_HOOKS):
         assert all(declared.doc and declared.allowed for declared in hooks.values())
+
+
+def test_drafter_modules_reach_a_cascades_parts(llama):
+    """drafter_modules: a module drafter is itself, a cascade runs its parts' modules, prompt lookup none."""
+    from dspark.drafters import CascadeDrafter, DraftModelDrafter
+    from dspark.protocols import drafter_modules
+    from dspark.verify import DraftProbability
+    from tests.conftest import tiny_semi_ar_drafter
+
+    semi_ar = tiny_semi_ar_drafter(llama)
+    cascade = CascadeDrafter([(PromptLookupDrafter(), DraftProbability()), (semi_ar, DraftProbability())])
+    assert drafter_modules(semi_ar) == [semi_ar]
+    assert drafter_modules(cascade) == [semi_ar]
+    assert drafter_modules(DraftModelDrafter(llama)) == [llama]
+    assert drafter_modules(PromptLookupDrafter()) == []

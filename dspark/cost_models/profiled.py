@@ -46,7 +46,7 @@ from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.cost_models.profiling import cost_curve
 from dspark.fast_path import REVISION as FAST_PATH_REVISION
 from dspark.fast_path import FastPath, on_cpu
-from dspark.protocols import DRAFTER_HOOKS, hook
+from dspark.protocols import DRAFTER_HOOKS, drafter_modules, hook
 from dspark.types import DraftContext, GenerationStart, SamplingConfig, StepOutcome
 
 __all__ = [
@@ -305,26 +305,10 @@ def _device_name(device: torch.device) -> str:
     return device.type
 
 
-def _modules_within(value, depth: int = 3) -> list[torch.nn.Module]:
-    """The modules ``value`` is or holds: itself, its attributes', and those inside tuples, lists and dicts
-    among them, ``depth`` levels down (a cascade's parts are (drafter, estimator) pairs in a tuple)."""
-    if isinstance(value, torch.nn.Module):
-        return [value]
-    if depth == 0:
-        return []
-    if isinstance(value, (tuple, list)):
-        children = list(value)
-    elif isinstance(value, dict):
-        children = list(value.values())
-    else:
-        children = list(vars(value).values()) if hasattr(value, "__dict__") else []
-    return [module for child in children for module in _modules_within(child, depth - 1)]
-
-
 def _parameter_count(part) -> int | None:
-    """Parameters of ``part`` if it is a module, else of the modules it holds (``_modules_within``): a
-    composite drafter's tables then differ with its parts. None when it holds no module."""
-    modules = _modules_within(part)
+    """Parameters of the modules ``part`` runs (``drafter_modules``: a composite drafter's tables then
+    differ with its parts); None when it runs none."""
+    modules = drafter_modules(part)
     if not modules:
         return None
     seen = {id(parameter): parameter.numel() for module in modules for parameter in module.parameters()}
