@@ -154,11 +154,11 @@ def test_a_row_that_gains_nothing_falls_back_and_is_reprobed_with_back_off():
 
 def test_a_new_generation_starts_from_the_probe_interval_its_batch_size_reached():
     """A single row that gains once, then never, is probed after 2, then 4, then 8 steps (the cap); the next
-    generation of one row starts waiting 8, a generation of another batch size from probe_after."""
+    generation of one row is first-probed, then waits 8; a generation of another batch size waits probe_after."""
     fallback = GoodputFallback(smoothing=1.0, probe_after=2, max_probe_interval=8, prior=GainPrior(smoothing=1.0))
     costs = Costs(draft_row=0.3)
 
-    def probes(batch: int, steps: int) -> list[int]:
+    def probes(batch: int, steps: int, gains_once: bool = False) -> list[int]:
         run = fallback.start(start(batch), costs)
         rows = torch.arange(batch)
         drafted_at = []
@@ -166,14 +166,31 @@ def test_a_new_generation_starts_from_the_probe_interval_its_batch_size_reached(
             drafted = (run.draft_rows(rows) > 0).tolist()
             if drafted[0]:
                 drafted_at.append(step)
-            accepted = [1 if step == 0 and batch == 1 else 0] * batch  # one token once: probes could pay, none do
+            accepted = [1 if step == 0 and gains_once else 0] * batch  # one token once: probes could pay, none do
             observe(run, rows.tolist(), drafted, [1 if flag else 0 for flag in drafted], accepted)
         return drafted_at
 
-    assert probes(1, 20) == [0, 1, 4, 9, 18]  # 0: nothing known; 1: chosen after gaining 1; then waits of 2, 4, 8
+    assert probes(1, 20, gains_once=True) == [0, 1, 4, 9, 18]  # 0: nothing known; 1: chosen after gaining 1; then waits of 2, 4, 8
     assert fallback.prior.probe_interval("greedy", 1) == 8
-    assert probes(1, 20) == [8, 17]
+    assert probes(1, 20) == [0, 9, 18]  # the first probe gains nothing: the prior's wait of 8 follows it
     assert probes(2, 6) == [0, 3] and fallback.prior.probe_interval("greedy", 2) == 4  # 2 drafted rows: too few to rule probes out
+
+
+def test_a_new_generation_measures_its_rows_rather_than_inheriting_the_priors_estimate():
+    """After generations whose rows gained little (the prior's estimate keeps a row out and its wait is 64), a new
+    generation whose row gains 3 tokens a step is probed at its first step and drafted from then on: its own
+    outcome replaces the prior's estimate (a chat prior must not lock out a code prompt)."""
+    fallback = GoodputFallback(smoothing=0.3, max_probe_interval=64)
+    fallback.prior.update("greedy", 1, torch.full((8,), 0.05, dtype=torch.float64), torch.ones(8, dtype=torch.long))
+    fallback.prior.update("greedy", 1, torch.tensor([3.0], dtype=torch.float64), torch.tensor([3]))  # the ceiling: 3 once
+    fallback.prior.remember_probe_interval("greedy", 1, 64)
+    run = fallback.start(start(1), Costs(draft_row=0.3, widen=0.1))
+    drafted = []
+    for _ in range(4):
+        drafted.append(bool(run.draft_rows(torch.tensor([0]))[0] > 0))
+        observe(run, [0], [drafted[-1]], [3 if drafted[-1] else 0], [3 if drafted[-1] else 0])
+    assert drafted == [True, True, True, True]
+    assert float(run.gain[0]) == 3.0
 
 
 def test_a_reprobed_row_that_gains_again_comes_back():
@@ -224,14 +241,17 @@ def test_what_a_step_without_drafting_still_spends_is_not_counted_as_savings():
 
 
 def test_a_new_batch_starts_from_what_earlier_generations_showed_at_its_size():
-    """After a generation at R = 2 where drafting gained nothing, a new R = 2 batch is not drafted at its first step;
-    a batch of another size, or in another sampling band, still is."""
+    """Generations at R = 2 where drafting gains nothing: each new batch is probed at its first step until 8 drafted
+    rows there rule probes out; then a new R = 2 batch is not drafted at its first step; a batch of another size,
+    or in another sampling band, still is."""
     fallback = GoodputFallback(smoothing=1.0)
     costs = Costs(draft_row=0.3)
-    run = fallback.start(start(2), costs)
-    run.draft_rows(torch.tensor([0, 1]))
-    observe(run, [0, 1], [True, True], [0, 0], [0, 0])
-    assert fallback.start(start(2), costs).draft_rows(torch.tensor([0, 1])).gt(0).tolist() == [False, False]
+    first_steps = []
+    for _ in range(5):
+        run = fallback.start(start(2), costs)
+        first_steps.append(run.draft_rows(torch.tensor([0, 1])).gt(0).tolist())
+        observe(run, [0, 1], first_steps[-1], [0, 0], [0, 0])
+    assert first_steps == [[True, True]] * 4 + [[False, False]]
     assert fallback.start(start(3), costs).draft_rows(torch.tensor([0, 1, 2])).gt(0).tolist() == [True, True, True]
     sampled = GenerationStart(rows=2, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(do_sample=True))
     assert fallback.start(sampled, costs).draft_rows(torch.tensor([0, 1])).gt(0).tolist() == [True, True]
@@ -272,7 +292,7 @@ def test_cheap_probes_go_on_where_no_row_ever_gained_enough():
     for _ in range(9):
         drafted.append(bool(run.draft_rows(torch.tensor([0]))[0] > 0))
         observe(run, [0], [drafted[-1]], [1 if drafted[-1] else 0], [0])
-    assert [step for step, flag in enumerate(drafted) if flag] == [2, 5, 8]
+    assert [step for step, flag in enumerate(drafted) if flag] == [0, 3, 6]  # a first probe, then every probe_after
 
 
 @attrs.frozen
@@ -390,6 +410,19 @@ def test_the_first_pass_teaches_what_reading_the_prompt_costs_per_row_and_column
     assert later.probe_draft_time(2) == pytest.approx(0.2 + 0.001 * 2 * 50)
 
 
+def test_the_catch_up_is_the_median_of_the_latest_rates_so_one_cold_pass_does_not_set_it():
+    """A first pass 50 times slower per column than the next two (a cold process) leaves the catch-up at their
+    rate; only the latest 15 rates count."""
+    prior = GainPrior()
+    assert prior.catch_up is None
+    for rate in (0.05, 0.001, 0.001):
+        prior.remember_catch_up(rate)
+    assert prior.catch_up == 0.001
+    for _ in range(15):
+        prior.remember_catch_up(0.002)
+    assert prior.catch_up == 0.002
+
+
 @pytest.mark.parametrize(("prompt_length", "probed"), [(60, False), (5, True)])
 def test_a_probe_pays_for_reading_the_prompt_while_it_is_unread(prompt_length, probed):
     """With a ceiling that pays for a row's drafting (gain 3, D = 0.3, T = 1), skipped rows are probed after a
@@ -397,7 +430,7 @@ def test_a_probe_pays_for_reading_the_prompt_while_it_is_unread(prompt_length, p
     fallback = GoodputFallback(smoothing=1.0, probe_after=1)
     fallback.prior.update("greedy", 2, torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.long))
     fallback.prior.update("greedy", 2, torch.tensor([3.0]), torch.tensor([3]))
-    fallback.prior.remember_catch_up(0.02, smoothing=1.0)
+    fallback.prior.remember_catch_up(0.02)
     run = fallback.start(start(2, prompt_length=prompt_length), Costs(draft_row=0.3))
     rows, drafted = torch.tensor([0, 1]), []
     for _ in range(3):

@@ -16,8 +16,11 @@ its books), the least the run has measured on such steps (the least, because the
 reads the whole prompt's features), plus the catch-up: a drafter that reads target features lazily reads
 every column it has not read yet, for every row, in its next pass: the prompt's before its first pass,
 then one per step that drafted for no row. The seconds per row and unread column are learnt from the
-passes that end such runs (``GainPrior.catch_up``, kept across generations, so that a generation knows
-what its prompt costs before its first pass). A pass's D(k) carries the skipped steps' columns in full
+passes that end such runs: the median rate of the last ``_CATCH_UP_WINDOW`` such passes (``GainPrior.catch_up``,
+kept across generations, so that a generation knows what its prompt costs before its first pass). A median,
+because one pass can be far off: the process's first drafting pass touches every weight for the first time
+(measured here: 50 ms against 12, which a 53-token prompt made 0.75 ms a column against 0.016), and a pass
+after a few skipped steps divides its noise by few columns. A pass's D(k) carries the skipped steps' columns in full
 and the prompt's spread over the steps the generation has left at most (its ingest is paid once for
 every later drafted step) (``GoodputFallbackRun.resume_draft_time``). A probe is judged without the
 skipped steps' columns, or a long run of skipped steps would keep every probe out, but with everything
@@ -45,7 +48,10 @@ free drafter such as prompt lookup keeps being probed every ``probe_after`` step
 matches need); a row the estimate brings back starts over. A new
 generation's rows start with the wait its batch size and sampling band last reached (the shortest in the
 batch, ``GainPrior.probe_interval``): where probes have stopped paying, each generation would otherwise
-pay its first probes again.
+pay its first probes again. That wait runs from a first probe: a row the choice leaves out at its first step is
+probed there (when a probe could pay, below), and its first own outcome replaces the prior's estimate. What a
+drafter gains depends on the prompt (code against chat), so an estimate inherited from other prompts would
+otherwise keep a row out for a whole wait, and a later probe would only nudge the inherited estimate.
 
 A drafted row is drafted ⌈λ_r⌉ + ``depth_margin`` tokens deep (``GoodputFallbackRun.depth``): the run
 answers with per-row depths, and the loop asks the drafter for no more than the deepest, so a scheduler
@@ -54,8 +60,8 @@ that verifies one token a step does not pay for drafting γ.
 A row's first estimate is the gain drafted rows have shown at this batch size and sampling band in
 earlier generations (``GainPrior``, kept by the ``GoodputFallback``): what a drafting pass gains depends
 on how much the scheduler verifies, which depends on R, and probing every row of a new batch costs a
-whole drafting pass. Only when nothing is known there yet are a batch's rows drafted for at its first
-step. The prior also keeps the largest gain one row has shown in a step there, the ceiling: a skipped
+whole drafting pass. When nothing is known there yet, a batch's rows are drafted for at its first step;
+otherwise the rows the estimate leaves out are first-probed there only if a probe could pay. The prior also keeps the largest gain one row has shown in a step there, the ceiling: a skipped
 row is re-probed only if a row gaining that much would pay for its drafting, so where no row has ever
 gained enough (under load, where the scheduler verifies nothing) nothing is drafted at all, once
 ``_CEILING_EVIDENCE`` drafted rows have been seen there: a ceiling of one step's rows says little (prompt
@@ -67,8 +73,10 @@ and the presets in ``dspark.strategies`` make a new one each time).
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import statistics
 from collections.abc import Callable
 
 import attrs
@@ -158,6 +166,8 @@ _CEILING_EVIDENCE = 8
 _REALISED_DISCOUNT = 0.98
 #: ρ = (accepted + this) / (expected + this): until some tokens were drafted, ρ stays near 1.
 _REALISED_PSEUDO_TOKENS = 8.0
+#: The catch-up rate is the median of the rates of this many latest passes that read unread columns.
+_CATCH_UP_WINDOW = 15
 
 
 class GainPrior:
@@ -175,7 +185,7 @@ class GainPrior:
         self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
         self.intervals: dict[tuple[str, int], int] = {}
         self.drafted: dict[tuple[str, int], int] = {}  # drafted rows observed per key: the ceiling's evidence
-        self.catch_up: float | None = None  # seconds per row and unread feature column of the pass that reads them
+        self.catch_up_rates: collections.deque[float] = collections.deque(maxlen=_CATCH_UP_WINDOW)
         self.version = 0  # counts updates, so that a run can tell the prior has changed
 
     def get(self, band: str, rows: int) -> tuple[float, float] | None:
@@ -198,9 +208,15 @@ class GainPrior:
         """Keep ``interval`` as this size and band's probe interval (a run calls it after each choice)."""
         self.intervals[(band, _size_bucket(rows))] = interval
 
-    def remember_catch_up(self, seconds: float, smoothing: float) -> None:
-        """Smooth ``seconds`` per row and unread column (what a pass took over its steady cost) into ``catch_up``."""
-        self.catch_up = seconds if self.catch_up is None else self.catch_up + smoothing * (seconds - self.catch_up)
+    @property
+    def catch_up(self) -> float | None:
+        """Seconds per row and unread feature column of the pass that reads them: the median of the latest
+        rates (module docstring), None before any."""
+        return statistics.median(self.catch_up_rates) if self.catch_up_rates else None
+
+    def remember_catch_up(self, seconds: float) -> None:
+        """Keep ``seconds`` per row and unread column (what a pass took over its steady cost) among the latest rates."""
+        self.catch_up_rates.append(seconds)
         self.version += 1
 
     def realised_ratio(self, band: str) -> float:
@@ -279,7 +295,8 @@ class GoodputFallbackRun:
         self.priority = torch.ones(batch, dtype=torch.float64) if generation.priority is None else generation.priority.detach().double().cpu()
         self.gain = torch.zeros(batch, dtype=torch.float64)
         self.verify = torch.zeros(batch, dtype=torch.float64)
-        self.observed = torch.zeros(batch, dtype=torch.bool)
+        self.observed = torch.zeros(batch, dtype=torch.bool)  # has an estimate: its own outcome or the prior's
+        self.measured = torch.zeros(batch, dtype=torch.bool)  # has an outcome of its own in this generation
         self.skipped = torch.zeros(batch, dtype=torch.long)
         self.interval = torch.full((batch,), fallback.prior.probe_interval(self.band, batch) or fallback.probe_after, dtype=torch.long)
         self.idle_seconds: float | None = None
@@ -347,12 +364,13 @@ class GoodputFallbackRun:
                 self.cost_model.step_time, functools.partial(self.resume_draft_time, batch=rows.numel()),
             )
         cap = self.probe_interval_cap(rows.numel())
-        due = ~chosen & (self.skipped[rows] >= self.interval[rows])
+        due = ~chosen & self._due(rows)
         if bool(due.any()) and not self._a_probe_could_pay(rows, cap):
             due[:] = False
         probes = ~observed | due
-        # A probe of a row its estimate keeps out waits twice as long for the next; a row back in starts over.
-        backed_off = rows[probes & observed]
+        # A re-probe of a row its estimate keeps out waits twice as long for the next (a first probe only measures
+        # the row: the prior's wait stands); a row back in starts over.
+        backed_off = rows[probes & self.measured[rows]]
         self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(cap)
         self.interval[rows[chosen]] = self.fallback.probe_after
         self.fallback.prior.remember_probe_interval(self.band, rows.numel(), int(self.interval[rows].min()))
@@ -368,11 +386,14 @@ class GoodputFallbackRun:
         by_verified = (self.verify[rows] - 1e-9).ceil().long() + margin
         return torch.where(self.observed[rows], by_verified.clamp(1, gamma), gamma)
 
+    def _due(self, rows: torch.Tensor) -> torch.Tensor:
+        """BoolTensor[R]: the rows due a probe: never measured in this generation, or skipped for their wait."""
+        return ~self.measured[rows] | (self.skipped[rows] >= self.interval[rows])
+
     def _choice_key(self, rows: torch.Tensor) -> tuple:
         """The batch, the rows due a probe, the idle time and the prior's version: with the skipped rows'
         estimates, everything a choice that drafts for no row reads that can change between steps."""
-        due = self.skipped[rows] >= self.interval[rows]
-        return tuple(rows.tolist()), tuple(due.tolist()), self.idle_seconds, self.fallback.prior.version
+        return tuple(rows.tolist()), tuple(self._due(rows).tolist()), self.idle_seconds, self.fallback.prior.version
 
     def _a_probe_could_pay(self, rows: torch.Tensor, probe_interval_cap: int) -> bool:
         """Whether drafting one row that gains as much as the best row ever did here would pay, at a probe's
@@ -392,7 +413,7 @@ class GoodputFallbackRun:
         )[0])
 
     def observe(self, record: StepRecord) -> None:
-        """Smooth g_r and λ_r of the rows drafted for (their first outcome replaces the estimate); count the
+        """Smooth g_r and λ_r of the rows drafted for (their first outcome replaces the prior's estimate); count the
         skipped; on a step that drafted for no row, keep the least ``draft_seconds`` as the idle time; on the first
         pass after unread columns (the prompt, skipped steps), learn the catch-up per row and column from what the
         pass took over the cost model's ``draft_time``."""
@@ -407,13 +428,13 @@ class GoodputFallbackRun:
             unread = self.unread_prompt_columns + self.skipped_steps
             if unread > 0:
                 extra = max(record.draft_seconds - self.cost_model.draft_time(index.numel()), 0.0)
-                self.fallback.prior.remember_catch_up(extra / (unread * rows.numel()), alpha)
+                self.fallback.prior.remember_catch_up(extra / (unread * rows.numel()))
             self.unread_prompt_columns = self.skipped_steps = 0
         gains = verified_gain(record)
         for estimate, value in ((self.gain, gains[drafted]), (self.verify, verify_lengths[drafted].double())):
             previous = estimate[index]
-            estimate[index] = torch.where(self.observed[index], previous + alpha * (value - previous), value)
-        self.observed[index] = True
+            estimate[index] = torch.where(self.measured[index], previous + alpha * (value - previous), value)
+        self.observed[index] = self.measured[index] = True
         self.skipped[index] = 0
         if index.numel() > 0:
             self.fallback.prior.update(self.band, rows.numel(), gains[drafted], verify_lengths[drafted], record.accepted[drafted])
