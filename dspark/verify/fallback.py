@@ -19,8 +19,7 @@ then one per step that drafted for no row. The seconds per row and unread column
 passes that end such runs: the median rate of the last ``_CATCH_UP_WINDOW`` such passes (``GainPrior.catch_up``,
 kept across generations, so that a generation knows what its prompt costs before its first pass). A median,
 because one pass can be far off: the process's first drafting pass touches every weight for the first time
-(measured here: 50 ms against 12, which a 53-token prompt made 0.75 ms a column against 0.016), and a pass
-after a few skipped steps divides its noise by few columns. A pass's D(k) carries the skipped steps' columns in full
+and can take several times a steady pass, and a pass after a few skipped steps divides its noise by few columns. A pass's D(k) carries the skipped steps' columns in full
 and the prompt's spread over the steps the generation has left at most (its ingest is paid once for
 every later drafted step) (``GoodputFallbackRun.resume_draft_time``). A probe is judged without the
 skipped steps' columns, or a long run of skipped steps would keep every probe out, but with everything
