@@ -146,17 +146,16 @@ def _profile_shapes(models, tokenizer, prompts, max_new_tokens: int) -> None:
     """Profile, before anything is timed, every cost table the models' profiled cost models will read: one
     per shape (rows grid, context band) the prompts give. A deployment profiles once at start (paper §3.2.2);
     a table first needed inside a timed call would charge its profiling to one prompt's speed."""
+    lengths = {encode_chat(tokenizer, [prompt.message])["input_ids"].shape[1] for prompt in prompts}
     for model in models:
         auto = getattr(model.strategy.cost_model, "base", None)
         if not isinstance(auto, AutoProfiledCostModel):
             continue
-        shapes = set()
-        for prompt in prompts:
-            input_ids = encode_chat(tokenizer, [prompt.message])["input_ids"]
-            length = input_ids.shape[1]
-            generation = GenerationStart(rows=1, device=input_ids.device, max_draft_tokens=model.strategy.max_draft_tokens,
-                                         max_length=length + max_new_tokens, sampling=SamplingConfig(), prompt_length=length)
-            shapes.add(auto.shape(generation))
+        shapes = {
+            auto.shape(GenerationStart(rows=1, device=torch.device("cpu"), max_draft_tokens=model.strategy.max_draft_tokens,
+                                       max_length=length + max_new_tokens, sampling=SamplingConfig(), prompt_length=length))
+            for length in lengths
+        }
         for shape in sorted(shapes):
             auto.profiled(shape)
 
