@@ -86,7 +86,8 @@ class TargetAndDrafterRoofline:
     def step_time(self, rows: int, tokens: int) -> float:
         return self.target.step_time(rows, tokens)
 
-    def draft_time(self, rows: int) -> float:
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
+        # The parallel backbone runs the whole block whatever the depth; the per-position head is left out.
         return self.drafter.step_time(rows, self.draft_tokens)
 
 

@@ -252,7 +252,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
         # having skipped, which would make steady drafting look dearer than it is.
         drafted_now = max_draft_tokens > 0 and verify_context.drafted_rows > 0
         if observe_draft is not None and drafted_now and drafted_before and bool(counts[4].any()):
-            observe_draft(verify_context.drafted_rows, drafted - started)
+            observe_draft(verify_context.drafted_rows, drafted - started, max_draft_tokens)
         drafted_before = drafted_now
         if fallback_run is not None:
             fallback_run.observe(records[-1])

@@ -3,6 +3,7 @@ declared here with their defaults (``DRAFTER_HOOKS``, ``POLICY_HOOKS``) and chec
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 
@@ -24,6 +25,7 @@ __all__ = [
     "FallbackRun",
     "RowFallback",
     "VerifyPolicy",
+    "check_draft_time",
     "check_hooks",
     "drafter_modules",
     "hook",
@@ -79,8 +81,10 @@ class CostModel(Protocol):
         """Seconds for one target forward over ``rows`` rows of ``tokens`` new tokens each."""
         ...
 
-    def draft_time(self, rows: int) -> float:
-        """Seconds the drafter spends proposing one block for ``rows`` rows."""
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
+        """Seconds the drafter spends proposing ``depth`` tokens for each of ``rows`` rows (None: its whole
+        block, γ). dspark always passes the depth of the pass it prices: a drafter's head and its choice run
+        once per drafted position, so a pass one token deep costs less than a γ-deep one."""
         ...
 
 
@@ -188,7 +192,10 @@ COST_MODEL_HOOKS: dict[str, Hook] = {
         "called once per generation before anything reads the model; True when its answers may have changed (e.g. another profiled table)",
     ),
     "observe_step": Hook(None, callable, "a method observe_step(rows, tokens, seconds)", "each step's measured target forward, to correct the model online"),
-    "observe_draft": Hook(None, callable, "a method observe_draft(rows, seconds)", "each step's measured drafting time, to correct the model online"),
+    "observe_draft": Hook(
+        None, callable, "a method observe_draft(rows, seconds, depth)",
+        "each step's measured drafting time for rows rows drafted depth tokens deep, to correct the model online",
+    ),
 }
 
 
@@ -229,6 +236,17 @@ def _member(part, name: str, declared: Hook):
             warnings.warn(f"{type(part).__name__}.{old_name} is deprecated: name it {name}", DeprecationWarning, stacklevel=3)
             return value
     return None
+
+
+def check_draft_time(cost_model, role: str = "cost_model") -> None:
+    """Refuse a cost model whose ``draft_time`` cannot be called as ``draft_time(rows, depth)`` (the one-argument
+    form of dspark 0.x before drafting depth was priced)."""
+    try:
+        inspect.signature(cost_model.draft_time).bind(1, 1)
+    except TypeError as error:
+        raise TypeError(f"{role}.draft_time of {type(cost_model).__name__} must take (rows, depth): {error}") from error
+    except ValueError:  # a builtin without a readable signature: trusted
+        return
 
 
 def check_hooks(part, hooks: dict[str, Hook], role: str) -> None:

@@ -200,7 +200,8 @@ def simulate(
             verify_lengths = torch.zeros(count, dtype=torch.long)
         accepted = torch.minimum(verify_lengths, full_accept)
         step_tokens = torch.minimum(accepted + 1, budget)
-        seconds += (cost_model.draft_time(drafted_rows) if drafted_rows > 0 else 0.0) + cost_model.step_time(count, 1 + int(verify_lengths.max()))
+        draft_seconds = cost_model.draft_time(drafted_rows, int(depths[drafting].max())) if drafted_rows > 0 else 0.0
+        seconds += draft_seconds + cost_model.step_time(count, 1 + int(verify_lengths.max()))
         if run is not None:
             run.observe(StepRecord(rows=active, verify_lengths=verify_lengths, accepted=accepted, emitted=step_tokens, drafted=limits,
                                    survival=survival, draft_seconds=0.0, verify_seconds=0.0, cache_slots=0, drafted_for=drafting))

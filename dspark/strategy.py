@@ -6,7 +6,7 @@ import attrs
 
 from dspark.checks import check_int, int_at_least
 from dspark.cost_models.constant import ConstantCostModel
-from dspark.protocols import COST_MODEL_HOOKS, DRAFTER_HOOKS, ESTIMATOR_HOOKS, POLICY_HOOKS, ConfidenceEstimator, CostModel, Drafter, VerifyPolicy, check_hooks, hook
+from dspark.protocols import COST_MODEL_HOOKS, DRAFTER_HOOKS, ESTIMATOR_HOOKS, POLICY_HOOKS, ConfidenceEstimator, CostModel, Drafter, VerifyPolicy, check_draft_time, check_hooks, hook
 
 __all__ = ["Strategy", "check_max_draft_tokens"]
 
@@ -47,5 +47,6 @@ class Strategy:
         if self.confidence is not None:
             check_hooks(self.confidence, ESTIMATOR_HOOKS, "confidence")
         check_hooks(self.cost_model, COST_MODEL_HOOKS, "cost_model")
+        check_draft_time(self.cost_model)
         if hook(self.policy, "needs_survival", POLICY_HOOKS) and self.confidence is None:
             raise ValueError(f"policy {self.policy!r} needs survival estimates: pass confidence=... (e.g. DraftProbability())")

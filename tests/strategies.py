@@ -225,7 +225,7 @@ class AffineCosts:
     def step_time(self, rows: int, tokens: int) -> float:
         return self.step + self.widen * (tokens - 1) + self.per_row * rows
 
-    def draft_time(self, rows: int) -> float:
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
         return self.draft_base + self.draft_row * rows
 
 

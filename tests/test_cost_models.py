@@ -147,12 +147,23 @@ def test_extrapolation_stays_monotone_where_the_last_slopes_shrink():
 
 def test_draft_time_comes_from_the_table_or_is_zero():
     """draft_time interpolates draft_seconds over draft_rows (monotone, linear beyond); 0 without drafting times."""
-    table = _table(_linear_in_batch, draft_rows=(1, 4), draft_seconds=(0.004, 0.002))
+    table = _table(_linear_in_batch, draft_rows=(1, 4), draft_depths=(1,), draft_seconds=((0.004,), (0.002,)))
     model = ProfiledCostModel(table)
-    assert model.draft_time(1) == 0.004 and model.draft_time(4) == 0.004  # the dip at 4 rows is raised
-    with_slope = ProfiledCostModel(_table(_linear_in_batch, draft_rows=(1, 3), draft_seconds=(0.002, 0.004)))
-    assert with_slope.draft_time(2) == pytest.approx(0.003) and with_slope.draft_time(5) == pytest.approx(0.006)
-    assert ProfiledCostModel(_table(_linear_in_batch)).draft_time(8) == 0.0
+    assert model.draft_time(1, 1) == 0.004 and model.draft_time(4, 1) == 0.004  # the dip at 4 rows is raised
+    with_slope = ProfiledCostModel(_table(_linear_in_batch, draft_rows=(1, 3), draft_depths=(1,), draft_seconds=((0.002,), (0.004,))))
+    assert with_slope.draft_time(2, 1) == pytest.approx(0.003) and with_slope.draft_time(5, 1) == pytest.approx(0.006)
+    assert ProfiledCostModel(_table(_linear_in_batch)).draft_time(8, 3) == 0.0
+
+
+def test_draft_time_prices_the_depth_of_the_pass_and_defaults_to_the_whole_block():
+    """draft_time(R, k) interpolates over draft_depths too, never falls with depth, and without k answers the deepest profiled."""
+    table = _table(_linear_in_batch, draft_rows=(1, 2), draft_depths=(1, 2, 4), draft_seconds=((0.004, 0.0045, 0.0055), (0.006, 0.0058, 0.008)))
+    model = ProfiledCostModel(table)
+    assert model.draft_time(1, 1) == 0.004 and model.draft_time(1, 3) == pytest.approx(0.005)
+    assert model.draft_time(2, 2) == 0.006  # measured 0.0058 after 0.006 one token shallower: raised, never cheaper deeper
+    assert model.draft_time(1) == model.draft_time(1, 4) == 0.0055 and model.draft_time(2) == 0.008
+    with pytest.raises(ValueError, match="depth"):
+        model.draft_time(1, 0)
 
 
 def test_profiled_cost_model_implements_the_protocol_and_checks_arguments():
@@ -174,9 +185,10 @@ def test_profiled_cost_model_implements_the_protocol_and_checks_arguments():
 
 def test_cost_table_json_round_trip(tmp_path):
     """to_dict/from_dict and save/load give back an equal table (key and drafting times included) through real JSON."""
-    table = _table(_linear_in_batch, draft_rows=(1, 2), draft_seconds=(0.001, 0.002), key={"model": "tiny", "threads": 2})
+    table = _table(_linear_in_batch, draft_rows=(1, 2), draft_depths=(1, 3), draft_seconds=((0.001, 0.0012), (0.002, 0.0025)),
+                   key={"model": "tiny", "threads": 2})
     data = json.loads(json.dumps(table.to_dict()))
-    assert data["format_version"] == 1
+    assert data["format_version"] == 2
     assert CostTable.from_dict(data) == table and CostTable.from_dict(data).key == table.key
     ProfiledCostModel(table).save(tmp_path / "table.json")
     loaded = ProfiledCostModel.load(tmp_path / "table.json")
@@ -186,7 +198,7 @@ def test_cost_table_json_round_trip(tmp_path):
 @pytest.mark.parametrize(
     "change, error, message",
     [
-        ({"format_version": 2}, ValueError, "format_version"),
+        ({"format_version": 1}, ValueError, "format_version"),  # before drafting times per depth
         ({"format_version": None}, ValueError, "format_version"),
         ({"rows": None}, TypeError, "rows"),
     ],
@@ -220,9 +232,10 @@ def test_from_dict_names_missing_fields():
         ({"step_seconds": [[0.1, -0.2], [0.2, 0.3]]}, ValueError, r"step_seconds\[0\]\[1\]"),
         ({"step_seconds": [[0.1, math.nan], [0.2, 0.3]]}, ValueError, r"step_seconds\[0\]\[1\]"),
         ({"step_seconds": [[0.1, "0.2"], [0.2, 0.3]]}, TypeError, r"step_seconds\[0\]\[1\]"),
-        ({"draft_rows": (1, 2)}, ValueError, "draft_rows and draft_seconds must both be given"),
-        ({"draft_rows": (1, 2), "draft_seconds": (0.1,)}, ValueError, "draft_seconds must hold 2"),
-        ({"draft_rows": (1, 2), "draft_seconds": (0.1, math.inf)}, ValueError, r"draft_seconds\[1\]"),
+        ({"draft_rows": (1, 2)}, ValueError, "draft_rows, draft_depths and draft_seconds must all be given"),
+        ({"draft_rows": (1, 2), "draft_depths": (1,), "draft_seconds": ((0.1,),)}, ValueError, "draft_seconds must have one entry per rows value"),
+        ({"draft_rows": (1, 2), "draft_depths": (1, 1), "draft_seconds": ((0.1,), (0.2,))}, ValueError, "draft_depths"),
+        ({"draft_rows": (1, 2), "draft_depths": (1,), "draft_seconds": ((0.1,), (math.inf,))}, ValueError, r"draft_seconds\[1\]\[0\]"),
         ({"key": {"model": object()}}, TypeError, "key must hold only JSON values"),
         ({"key": {1: "a"}}, TypeError, "key must be a dict with str keys"),
     ],
@@ -259,15 +272,16 @@ def test_profile_measures_once_then_loads_the_cache(target, tmp_path, monkeypatc
     monkeypatch.setattr(profiled_module, "_draft_seconds", counted_draft)
     settings_ = dict(drafter=PromptLookupDrafter(), rows=(1, 2), tokens=(1, 3), context=8, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False)
     first = ProfiledCostModel.profile(target, **settings_)
-    assert calls == {"cost_curve": 1, "draft": 2}
+    assert calls == {"cost_curve": 1, "draft": 8}  # 2 rows values x depths 1..4
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1 and CostTable.load(files[0]) == first.table
     assert first.table.key == profile_key(target, PromptLookupDrafter(), context=8, repeats=1, fast_path=False, max_draft_tokens=4)
     assert all(seconds > 0 for row in first.table.step_seconds for seconds in row)
-    assert first.table.draft_rows == (1, 2) and all(seconds > 0 for seconds in first.table.draft_seconds)
+    assert first.table.draft_rows == (1, 2) and first.table.draft_depths == (1, 2, 3, 4)
+    assert all(seconds > 0 for row in first.table.draft_seconds for seconds in row)
 
     second = ProfiledCostModel.profile(target, **settings_)
-    assert calls == {"cost_curve": 1, "draft": 2}
+    assert calls == {"cost_curve": 1, "draft": 8}
     assert second.table == first.table
 
     ProfiledCostModel.profile(target, **{**settings_, "tokens": (1, 2)})  # another grid is another table
@@ -292,7 +306,8 @@ def test_profile_times_a_drafter_that_reads_target_features(target, tmp_path):
     model = ProfiledCostModel.profile(target, drafter, rows=(1, 3), tokens=(1, 4), context=6, repeats=2, fast_path=False,
                                       cache_dir=tmp_path, progress=False)
     assert model.table.key["drafter"].startswith("SemiARDrafter") and model.table.key["max_draft_tokens"] == 3
-    assert all(seconds > 0 for seconds in model.table.draft_seconds) and model.draft_time(2) > 0
+    assert model.table.draft_depths == (1, 2, 3) and all(seconds > 0 for row in model.table.draft_seconds for seconds in row)
+    assert model.draft_time(2, 1) > 0
 
 
 def test_profile_runs_the_forwards_on_a_given_fast_path(target, tmp_path):
@@ -541,30 +556,44 @@ def test_online_correction_stays_monotone_for_any_observations(grid, observation
 def test_online_draft_correction_learns_seconds_where_the_base_knows_none():
     """With a base drafting time of 0 the observed seconds themselves are smoothed, and more rows never cost less."""
     model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.2)
-    assert model.draft_time(4) == 0.0
+    assert model.draft_time(4, 3) == 0.0
     for _ in range(40):
-        model.observe_draft(4, 0.03)
-        model.observe_draft(1, 0.01)
-    assert model.draft_time(4) == pytest.approx(0.03, rel=1e-3) and model.draft_time(1) == pytest.approx(0.01, rel=1e-3)
-    assert model.draft_time(8) >= model.draft_time(4)
+        model.observe_draft(4, 0.03, 3)
+        model.observe_draft(1, 0.01, 3)
+    assert model.draft_time(4, 3) == pytest.approx(0.03, rel=1e-3) and model.draft_time(1, 3) == pytest.approx(0.01, rel=1e-3)
+    assert model.draft_time(8, 3) >= model.draft_time(4, 3)
     scaled = OnlineCorrectedCostModel(ConstantCostModel(draft_seconds=0.01), smoothing=1.0)
-    scaled.observe_draft(2, 0.015)
-    assert scaled.draft_time(2) == pytest.approx(0.015) and scaled.report()["draft_correction"] == pytest.approx(1.5)
+    scaled.observe_draft(2, 0.015, 3)
+    assert scaled.draft_time(2, 3) == pytest.approx(0.015) and scaled.report()["draft_correction"] == pytest.approx(1.5)
 
 
 def test_one_outlier_moves_a_correction_by_at_most_one_plus_smoothing():
     """A drafting pass 40x the base (a first pass reading the whole prompt) moves the estimate by 1 + α at most; a lasting change is still followed."""
     model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005), smoothing=0.1)
-    model.observe_draft(1, 0.2)
-    assert model.draft_time(1) == pytest.approx(0.005 * 1.1)
+    model.observe_draft(1, 0.2, 3)
+    assert model.draft_time(1, 3) == pytest.approx(0.005 * 1.1)
     for _ in range(10):
-        model.observe_draft(1, 0.005)
-    assert model.draft_time(1) < 0.005 * 1.04
+        model.observe_draft(1, 0.005, 3)
+    assert model.draft_time(1, 3) < 0.005 * 1.04
     model.observe_step(1, 1, 1e-6)
     assert model.step_time(1, 1) == pytest.approx(0.03 * 0.95)
     for _ in range(80):
         model.observe_step(1, 1, 0.09)
     assert model.step_time(1, 1) == pytest.approx(0.09, rel=0.01)
+
+
+def test_online_draft_correction_is_learnt_per_depth():
+    """A shallow pass's observed time corrects the shallow cells only; deeper ones keep the profile's shape and never cost less."""
+    table = _table(_linear_in_batch, draft_rows=(1, 2), draft_depths=(1, 7), draft_seconds=((0.004, 0.006), (0.005, 0.008)))
+    model = OnlineCorrectedCostModel(ProfiledCostModel(table), smoothing=1.0)
+    model.observe_draft(1, 0.002, 1)  # one token deep: half the profile
+    assert model.draft_time(1, 1) == pytest.approx(0.002)
+    assert model.draft_time(1, 7) == pytest.approx(0.003)  # unobserved: the shallower cell's correction, the profile's shape
+    model.observe_draft(1, 0.006, 7)  # as profiled
+    assert model.draft_time(1, 7) == pytest.approx(0.006) and model.draft_time(1, 1) == pytest.approx(0.002)
+    assert all(model.draft_time(1, depth) <= model.draft_time(1, depth + 1) for depth in range(1, 9))
+    with pytest.raises(ValueError, match="depth"):
+        model.observe_draft(1, 0.002, 0)
 
 
 def test_unobserved_wider_cells_keep_the_profiles_shape():
@@ -588,6 +617,16 @@ def test_online_correction_memory_is_bounded():
     assert model.report()["step_cells"] <= (16 + 7) * (16 + 2)
 
 
+class _OneArgumentDraftTime:
+    """A cost model written to the protocol before drafting depth was priced."""
+
+    def step_time(self, rows, tokens):
+        return 0.01
+
+    def draft_time(self, rows):
+        return 0.001
+
+
 @pytest.mark.parametrize(
     "call, error, message",
     [
@@ -597,7 +636,8 @@ def test_online_correction_memory_is_bounded():
         (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(0, 1, 0.1), ValueError, "rows"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(1, 1, -0.1), ValueError, "seconds"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(1, 1, "0.1"), TypeError, "seconds"),
-        (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_draft(1, math.nan), ValueError, "seconds"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_draft(1, math.nan, 1), ValueError, "seconds"),
+        (lambda: OnlineCorrectedCostModel(_OneArgumentDraftTime()), TypeError, r"base.draft_time .* must take \(rows, depth\)"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel()).step_time(1, 0), ValueError, "tokens"),
     ],
 )

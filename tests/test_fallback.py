@@ -25,7 +25,7 @@ class Costs:
     def step_time(self, rows: int, tokens: int) -> float:
         return self.step + self.widen * (tokens - 1)
 
-    def draft_time(self, rows: int) -> float:
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
         return self.draft_base + self.draft_row * rows
 
 
@@ -139,7 +139,7 @@ def test_rows_are_drafted_until_observed():
 def test_a_row_that_gains_nothing_falls_back_and_is_reprobed_with_back_off():
     """Row 1 gains nothing for its drafting cost: it is skipped, re-probed after probe_after steps, then after
     twice as long when the probe shows it still does not pay; row 0 keeps drafting throughout."""
-    run = GoodputFallback(probe_after=2, max_probe_interval=4).start(start(2), Costs(draft_base=0.2, draft_row=0.05, widen=0.1))
+    run = GoodputFallback(probe_after=2, max_probe_interval=4, prior_weight=0.0).start(start(2), Costs(draft_base=0.2, draft_row=0.05, widen=0.1))
     rows = torch.tensor([0, 1])
     drafted_steps = []
     for step in range(12):
@@ -195,7 +195,7 @@ def test_a_new_generation_measures_its_rows_rather_than_inheriting_the_priors_es
 
 def test_a_reprobed_row_that_gains_again_comes_back():
     """A skipped row whose probe accepts drafts again is drafted on the following steps and its wait starts over."""
-    fallback = GoodputFallback(probe_after=1, smoothing=1.0)
+    fallback = GoodputFallback(probe_after=1, smoothing=1.0, prior_weight=0.0)
     fallback.prior.update("greedy", 1, torch.tensor([2.0]), torch.tensor([2]))  # an earlier generation gained 2
     run = fallback.start(start(1), Costs(draft_base=0.2))
     rows = torch.tensor([0])
@@ -229,7 +229,7 @@ def test_the_run_follows_a_shrinking_batch():
 def test_what_a_step_without_drafting_still_spends_is_not_counted_as_savings():
     """A drafter that costs 0.25 of a step per row, of which 0.2 is spent anyway (read on steps that draft for
     no row): a row gaining 0.1 tokens is skipped while that is unknown, and drafted once it is measured."""
-    run = GoodputFallback(smoothing=1.0, probe_after=32).start(start(1), Costs(draft_row=0.25))
+    run = GoodputFallback(smoothing=1.0, probe_after=32, prior_weight=0.0).start(start(1), Costs(draft_row=0.25))
     rows = torch.tensor([0])
     run.draft_rows(rows)
     observe(run, [0], [True], [1], [0])  # g = 0: skipped from now on
@@ -255,6 +255,38 @@ def test_a_new_batch_starts_from_what_earlier_generations_showed_at_its_size():
     assert fallback.start(start(3), costs).draft_rows(torch.tensor([0, 1, 2])).gt(0).tolist() == [True, True, True]
     sampled = GenerationStart(rows=2, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(do_sample=True))
     assert fallback.start(sampled, costs).draft_rows(torch.tensor([0, 1])).gt(0).tolist() == [True, True]
+
+
+def test_the_choice_reads_the_rows_gain_pulled_towards_the_priors_by_prior_weight_pseudo_steps():
+    """ĝ = (m·g + κ·ḡ) / (m + κ), m the row's own drafted steps up to (2 − α)/α; κ = 0 reads g alone."""
+    fallback = GoodputFallback(smoothing=0.5, prior_weight=3.0)
+    fallback.prior.update("greedy", 1, torch.tensor([0.8], dtype=torch.float64), torch.tensor([1]))  # ḡ = 0.8
+    run = fallback.start(start(1), Costs())
+    rows = torch.tensor([0])
+    run.draft_rows(rows)
+    assert run.shrunk_gain(rows, fallback.prior.get("greedy", 1)).item() == pytest.approx(0.8)  # no own step: the prior's
+    for steps in range(1, 6):
+        run.observe(record([0], [True], [1], [0], survival=torch.tensor([[0.2, 0.0, 0.0, 0.0]])))
+        prior = fallback.prior.get("greedy", 1)
+        own = min(steps, 3)  # the horizon (2 − 0.5) / 0.5
+        assert run.shrunk_gain(rows, prior).item() == pytest.approx((own * run.gain[0].item() + 3.0 * prior[0]) / (own + 3.0))
+    assert attrs.evolve(fallback, prior_weight=0.0).start(start(1), Costs()).shrunk_gain(rows, prior).item() == 0.0  # a fresh run's g
+
+
+def test_a_dip_below_break_even_does_not_drop_a_row_where_rows_like_it_pay():
+    """Drafting costs 0.15 of a step; rows here have gained 0.4 a step. One step gaining 0.05 drops the row with prior_weight=0,
+    not with the default, whose estimate is pulled towards what rows like it gain."""
+    kept = []
+    for weight in (0.0, 3.0):
+        fallback = GoodputFallback(prior_weight=weight, probe_after=16)
+        for _ in range(4):  # earlier generations: 0.4 a step
+            fallback.prior.update("greedy", 1, torch.tensor([0.4], dtype=torch.float64), torch.tensor([1]), torch.tensor([0.4]))
+        run = fallback.start(start(1), Costs(draft_base=0.15))
+        rows = torch.tensor([0])
+        run.draft_rows(rows)
+        run.observe(record([0], [True], [1], [0], survival=torch.tensor([[0.05, 0.0, 0.0, 0.0]])))
+        kept.append(bool(run.draft_rows(rows)[0] > 0))
+    assert kept == [False, True]
 
 
 def test_the_gain_of_a_step_is_the_expected_acceptance_of_what_was_verified():
@@ -349,6 +381,30 @@ def test_a_drafted_row_is_drafted_as_deep_as_it_has_been_verified_plus_the_margi
     assert run.draft_rows(rows).tolist() == expected
 
 
+@attrs.frozen
+class DepthCosts(Costs):
+    """Costs whose drafting pass costs ``per_depth`` per drafted token, and records the depths it priced."""
+
+    per_depth: float = 0.0
+    priced: list = attrs.field(factory=list, eq=False)
+
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
+        self.priced.append(depth)
+        return self.per_depth * (4 if depth is None else depth)
+
+
+@pytest.mark.parametrize("margin, drafted", [(0, True), (None, False)])
+def test_drafting_is_priced_at_the_depth_the_row_would_be_drafted(margin, drafted):
+    """A row verified one token a step gains 0.2 of a step: one token deep (0.1 of a step) pays, a 4-deep pass (0.4) does not."""
+    costs = DepthCosts(per_depth=0.1)
+    run = GoodputFallback(smoothing=1.0, depth_margin=margin, probe_after=64).start(start(1), costs)
+    rows = torch.tensor([0])
+    run.draft_rows(rows)  # unobserved: drafted
+    run.observe(record([0], [True], [1], [0], survival=torch.tensor([[0.2, 0.0, 0.0, 0.0]])))
+    assert bool(run.draft_rows(rows)[0] > 0) is drafted
+    assert costs.priced[-1] == (1 if margin == 0 else 4)
+
+
 def test_the_realised_ratio_is_accepted_over_expected_with_pseudo_tokens_and_a_discount():
     """ρ starts at 1, is (accepted + 8) / (expected + 8) over the drafted rows, discounts older steps by 0.98 and
     ignores updates without accepted counts."""
@@ -381,7 +437,7 @@ def test_a_row_whose_drafts_yield_less_than_predicted_stops_being_drafted_and_is
 def test_a_pass_after_skipped_steps_teaches_their_catch_up_which_then_prices_resuming():
     """A pass that ends 4 skipped steps took 0.4 s over the drafting time: 0.1 s per skipped step. Three skipped
     steps later resuming costs D + 0.3, so a row gaining 0.3 a step is not drafted, and is right after a drafted step."""
-    run = GoodputFallback(smoothing=1.0).start(start(1), Costs(draft_row=0.1))
+    run = GoodputFallback(smoothing=1.0, prior_weight=0.0).start(start(1), Costs(draft_row=0.1))
     run.observe(record([0], [True], [1], [1], draft_seconds=0.1))
     for _ in range(4):
         run.observe(record([0], [False], [0], [0], draft_seconds=0.0))
@@ -455,7 +511,7 @@ def test_where_drafting_costs_nothing_to_skip_every_row_is_drafted_for():
 def test_a_probes_wait_doubles_only_while_probing_stays_within_its_budget(draft_row, cap):
     """A row that never pays is probed after waits that double from 2 up to where probing costs 0.5% of the time
     (D / 0.005·T, T = 1 s) or max_probe_interval (8): a nearly free drafter keeps being probed every 2 steps."""
-    fallback = GoodputFallback(smoothing=1.0, probe_after=2, max_probe_interval=8)
+    fallback = GoodputFallback(smoothing=1.0, probe_after=2, max_probe_interval=8, prior_weight=0.0)
     run = fallback.start(start(1), Costs(draft_row=draft_row))
     assert run.probe_interval_cap(1) == cap
     rows = torch.tensor([0])

@@ -228,7 +228,7 @@ class RecordingCostModel:
         self.events.append(("step_time", rows))
         return 0.01
 
-    def draft_time(self, rows):
+    def draft_time(self, rows, depth=None):
         self.events.append(("draft_time", rows))
         return 0.0
 
@@ -343,7 +343,7 @@ class CheapWideningCosts:
     def step_time(self, rows: int, tokens: int) -> float:
         return 1.0 + 0.02 * (tokens - 1)
 
-    def draft_time(self, rows: int) -> float:
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
         return 0.3 + 0.01 * rows
 
 
@@ -396,7 +396,7 @@ class ObservedCosts(CheapWideningCosts):
     def observe_step(self, rows, tokens, seconds):
         self.steps.append((rows, tokens))
 
-    def observe_draft(self, rows, seconds):
+    def observe_draft(self, rows, seconds, depth):
         self.drafts.append(rows)
 
 

@@ -88,6 +88,22 @@ def test_a_policy_that_needs_survival_is_refused_at_wrap_without_an_estimator(ll
         dspark.wrap(llama, PromptLookupDrafter(), policy=Threshold(0.5))
 
 
+class _OneArgumentCostModel:
+    """A cost model written before drafting depth was priced: draft_time(rows)."""
+
+    def step_time(self, rows, tokens):
+        return 0.01
+
+    def draft_time(self, rows):
+        return 0.001
+
+
+def test_a_cost_model_whose_draft_time_takes_no_depth_is_refused_at_wrap(llama):
+    """draft_time(rows) without depth is a TypeError at wrap naming what it must take, not a failure inside generate."""
+    with pytest.raises(TypeError, match=r"cost_model.draft_time of _OneArgumentCostModel must take \(rows, depth\)"):
+        dspark.wrap(llama, PromptLookupDrafter(), cost_model=_OneArgumentCostModel())
+
+
 def test_declared_hooks_document_themselves():
     """Every declared hook names what it is for and what is allowed."""
     for hooks in (DRAFTER_HOOKS, POLICY_HOOKS):

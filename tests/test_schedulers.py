@@ -46,7 +46,7 @@ class TableCostModel:
     def step_time(self, rows: int, tokens: int) -> float:
         return self.seconds[tokens - 1]
 
-    def draft_time(self, rows: int) -> float:
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
         return self.draft_seconds
 
 
@@ -61,7 +61,7 @@ class LinearCostModel:
     def step_time(self, rows: int, tokens: int) -> float:
         return self.base + self.per_token * rows * tokens
 
-    def draft_time(self, rows: int) -> float:
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
         return self.draft_seconds
 
 
@@ -498,7 +498,7 @@ def test_the_scheduler_reads_priority_and_drafted_rows_from_the_context():
     charged = []
 
     class CountingCosts(TableCostModel):
-        def draft_time(self, rows: int) -> float:
+        def draft_time(self, rows: int, depth: int | None = None) -> float:
             charged.append(rows)
             return 0.0
 

@@ -138,9 +138,10 @@ class AutoProfiledCostModel:
         """Seconds of one target forward over ``rows`` rows of ``tokens`` new tokens, at the current shape's context."""
         return self.current.step_time(rows, tokens)
 
-    def draft_time(self, rows: int) -> float:
-        """Seconds of one drafting pass for ``rows`` rows, at the current shape's context."""
-        return self.current.draft_time(rows)
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
+        """Seconds of one drafting pass for ``rows`` rows, ``depth`` tokens deep (None: the whole block), at the
+        current shape's context."""
+        return self.current.draft_time(rows, depth)
 
     def profiled(self, shape: tuple[tuple[int, ...], int]) -> ProfiledCostModel:
         """The profiled model of ``shape`` (rows grid, context), measured first if neither memory nor the disk

@@ -24,6 +24,6 @@ class ConstantCostModel:
         """``step_seconds``, independent of rows and tokens."""
         return self.step_seconds
 
-    def draft_time(self, rows: int) -> float:
-        """``draft_seconds``, independent of rows."""
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
+        """``draft_seconds``, independent of rows and depth."""
         return self.draft_seconds

@@ -1,7 +1,8 @@
 """A cost model that learns, while generating, how far another one is off on this machine.
 
-Notation: t₀(R, T) and d₀(R) are the wrapped (base) model's step and drafting times for R rows of
-T new tokens; a cell is a pair (bucket(R), bucket(T)) with ``bucket(n)`` = n up to 16, else the
+Notation: t₀(R, T) and d₀(R, k) are the wrapped (base) model's step and drafting times for R rows of
+T new tokens, and of k drafted tokens (the drafting surface has depth k where the step surface has T;
+what follows says T for both); a cell is a pair (bucket(R), bucket(T)) with ``bucket(n)`` = n up to 16, else the
 next power of two (``dspark.fast_path.row_bucket``), so the cells, and the memory, stay bounded
 whatever the batch. Each observation of a step that took s seconds where the base predicted
 p = t₀(R, T) > 0 updates its cell's correction k ← k + α·(clip(s/p) − k) (exponential smoothing,
@@ -15,7 +16,9 @@ observed cell of its row bucket with fewer tokens, else g: the profile's shape a
 where nothing says otherwise (a per-row fixed overhead makes narrow cells' k larger, and giving wider
 cells g would flatten the curve, making extra tokens look free). Where the base predicts 0 (a cost
 model that knows no drafting time), a cell instead smooths the observed seconds themselves (bounded
-the same way), and unobserved ones take the global average.
+the same way); an unobserved one takes the seconds of the widest observed cell of its row bucket with
+fewer tokens, else of the narrowest with more (a shallow pass is not charged the average of deeper
+ones), else the global average.
 
 A larger batch must never look cheaper, or a scheduler would verify more than it should, so the
 answer is the cumulative maximum of h over all (R', T') ≤ (R, T). Within a cell the correction
@@ -25,8 +28,8 @@ per cell below the query. Answers are cached until the next observation.
 
 dspark's loop feeds it after every step, through the optional cost-model hooks
 ``observe_step(rows, tokens, seconds)`` with the step's rows, its verify width (1 + max ℓ) and
-``StepRecord.verify_seconds``, and ``observe_draft(rows, seconds)`` with
-``StepRecord.draft_seconds``. Both are host wall-clock times that include what the loop does
+``StepRecord.verify_seconds``, and ``observe_draft(rows, seconds, depth)`` with
+``StepRecord.draft_seconds`` and the depth of the pass. Both are host wall-clock times that include what the loop does
 around the forward and the drafter (the acceptance rule; estimating and scheduling), so the
 corrected model learns the whole cost a step's choice incurs, not the bare forward.
 """
@@ -39,7 +42,7 @@ from collections.abc import Callable
 
 from dspark.checks import check_int, check_seconds
 from dspark.fast_path import row_bucket
-from dspark.protocols import COST_MODEL_HOOKS, CostModel, hook
+from dspark.protocols import COST_MODEL_HOOKS, CostModel, check_draft_time, hook
 from dspark.types import GenerationStart
 
 __all__ = ["OnlineCorrectedCostModel"]
@@ -92,6 +95,7 @@ class _CorrectedSurface:
         self.cells: dict[tuple[int, int], _Cell] = {}
         self.overall = _Cell(ratio=1.0)
         self._ratio_tokens: dict[int, list[int]] = {}  # per row bucket, the token buckets with a learnt ratio, sorted
+        self._seconds_tokens: dict[int, list[int]] = {}  # likewise, with learnt seconds
         self._answers: dict[tuple[int, int], float] = {}
         self._base_values: dict[tuple[int, int], float] = {}
 
@@ -116,6 +120,8 @@ class _CorrectedSurface:
             cell.ratio = _smooth(cell.ratio, ratio, self.smoothing, start=self.overall.ratio)
             self.overall.ratio = _smooth(self.overall.ratio, ratio, self.smoothing, start=None)
         else:
+            if cell.seconds is None:
+                bisect.insort(self._seconds_tokens.setdefault(key[0], []), key[1])
             cell.seconds = _smooth(cell.seconds, seconds, self.smoothing, start=self.overall.seconds)
             self.overall.seconds = _smooth(self.overall.seconds, seconds, self.smoothing, start=None)
         self._answers.clear()
@@ -128,6 +134,10 @@ class _CorrectedSurface:
             return base * self.correction(key)
         if cell is not None and cell.seconds is not None:
             return cell.seconds
+        observed = self._seconds_tokens.get(key[0])
+        if observed:
+            narrower = bisect.bisect_left(observed, key[1])
+            return self.cells[(key[0], observed[narrower - 1] if narrower else observed[0])].seconds
         return self.overall.seconds if self.overall.seconds is not None else 0.0
 
     def correction(self, key: tuple[int, int]) -> float:
@@ -168,7 +178,8 @@ class OnlineCorrectedCostModel:
 
     def __init__(self, base: CostModel, smoothing: float = 0.1):
         if not isinstance(base, CostModel):
-            raise TypeError(f"base must be a CostModel (step_time(rows, tokens) and draft_time(rows)), got {type(base).__name__}")
+            raise TypeError(f"base must be a CostModel (step_time(rows, tokens) and draft_time(rows, depth)), got {type(base).__name__}")
+        check_draft_time(base, "base")
         if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real) or not 0 < smoothing <= 1:
             raise ValueError(f"smoothing must be a number in (0, 1], got {smoothing!r}")
         self.base = base
@@ -178,7 +189,7 @@ class OnlineCorrectedCostModel:
     def _forget(self) -> None:
         """Start learning afresh: no cell observed, the base's answers not yet read."""
         self._steps = _CorrectedSurface(self.base.step_time, self.smoothing)
-        self._drafts = _CorrectedSurface(lambda rows, tokens: self.base.draft_time(rows), self.smoothing)
+        self._drafts = _CorrectedSurface(self.base.draft_time, self.smoothing)
 
     def __repr__(self) -> str:
         return f"OnlineCorrectedCostModel({self.base!r}, smoothing={self.smoothing})"
@@ -199,10 +210,11 @@ class OnlineCorrectedCostModel:
         check_int("tokens", tokens, 1)
         self._steps.observe(rows, tokens, check_seconds("seconds", seconds))
 
-    def observe_draft(self, rows: int, seconds: float) -> None:
-        """Learn that a drafting pass for ``rows`` rows took ``seconds``."""
+    def observe_draft(self, rows: int, seconds: float, depth: int) -> None:
+        """Learn that a drafting pass for ``rows`` rows, ``depth`` tokens deep, took ``seconds``."""
         check_int("rows", rows, 1)
-        self._drafts.observe(rows, 1, check_seconds("seconds", seconds))
+        check_int("depth", depth, 1)
+        self._drafts.observe(rows, depth, check_seconds("seconds", seconds))
 
     def step_time(self, rows: int, tokens: int) -> float:
         """The base's step time, corrected, and never less than that of a smaller batch."""
@@ -210,10 +222,16 @@ class OnlineCorrectedCostModel:
         check_int("tokens", tokens, 1)
         return self._steps(rows, tokens)
 
-    def draft_time(self, rows: int) -> float:
-        """The base's drafting time, corrected, and never less than that of fewer rows."""
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
+        """The base's drafting time, corrected, and never less than that of fewer rows or a shallower pass.
+        ``depth`` None: the base's whole block, corrected by the global drafting correction (or, where the base
+        knows no drafting time, the average observed pass)."""
         check_int("rows", rows, 1)
-        return self._drafts(rows, 1)
+        if depth is None:
+            base = float(self.base.draft_time(rows, None))
+            return base * self._drafts.overall.ratio if base > 0 else (self._drafts.overall.seconds or 0.0)
+        check_int("depth", depth, 1)
+        return self._drafts(rows, depth)
 
     def step_correction(self, rows: int, tokens: int) -> float:
         """The correction k applied to the cell holding (``rows``, ``tokens``): its own, else that of the widest

@@ -1,10 +1,11 @@
 """A cost model read from a table of measured step times, interpolated monotonically.
 
 Notation: a target forward runs R rows of T new tokens each (dspark's verify forward is a
-rectangular [R, T] batch, padded); t(R, T) is its measured time in seconds and d(R) the time of one
-drafting pass for R rows. A :class:`CostTable` holds t on a grid ``rows`` × ``tokens`` (and d on
-``draft_rows``); :class:`ProfiledCostModel` answers ``step_time(R, T)`` and ``draft_time(R)`` for any
-R, T ≥ 1 from it.
+rectangular [R, T] batch, padded); t(R, T) is its measured time in seconds and d(R, k) the time of one
+drafting pass for R rows, k tokens deep. A :class:`CostTable` holds t on a grid ``rows`` × ``tokens`` (and d
+on ``draft_rows`` × ``draft_depths``); :class:`ProfiledCostModel` answers ``step_time(R, T)`` and
+``draft_time(R, k)`` for any R, T, k ≥ 1 from it. The depth matters: a drafter's head and its choice run once
+per drafted position, so a row fallback that drafts one token deep must not be charged a γ-deep pass.
 
 Between grid points the surface is bilinear, after the table is replaced by its monotone envelope
 (the cumulative maximum along rows, then along tokens: the smallest table ≥ the measured one that
@@ -18,7 +19,7 @@ along the other axis so the extrapolation stays monotone too.
 
 ``ProfiledCostModel.profile`` measures a table on the running machine with
 ``dspark.cost_models.profiling.cost_curve`` (target forwards over random KV caches) and times the
-drafter's ``propose`` on a synthetic context, and caches the table as JSON keyed by what the timings
+drafter's ``propose`` on a synthetic context at every depth 1..γ, and caches the table as JSON keyed by what the timings
 depend on (model, parameter count, device, dtype, threads, torch version, grid and settings).
 """
 
@@ -63,7 +64,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: The version of ``CostTable.to_dict``'s layout; ``from_dict`` refuses others.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: drafting times per depth (``draft_depths``)
 
 #: New tokens per row a profile times by default: the verify widths of γ up to 7.
 DEFAULT_TOKENS = (1, 2, 3, 4, 5, 6, 8)
@@ -92,12 +93,12 @@ def _check_row(name: str, values, length: int) -> tuple[float, ...]:
     return tuple(check_seconds(f"{name}[{index}]", value) for index, value in enumerate(values))
 
 
-def _check_table(rows: tuple[int, ...], tokens: tuple[int, ...], seconds) -> tuple[tuple[float, ...], ...]:
+def _check_table(rows: tuple[int, ...], columns: tuple[int, ...], seconds, name: str = "step_seconds") -> tuple[tuple[float, ...], ...]:
     if isinstance(seconds, (str, bytes)) or not isinstance(seconds, Sequence):
-        raise TypeError(f"step_seconds must be a sequence of {len(rows)} sequences of {len(tokens)} seconds, got {seconds!r}")
+        raise TypeError(f"{name} must be a sequence of {len(rows)} sequences of {len(columns)} seconds, got {seconds!r}")
     if len(seconds) != len(rows):
-        raise ValueError(f"step_seconds must have one entry per rows value ({len(rows)}), got {len(seconds)}")
-    return tuple(_check_row(f"step_seconds[{index}]", row, len(tokens)) for index, row in enumerate(seconds))
+        raise ValueError(f"{name} must have one entry per rows value ({len(rows)}), got {len(seconds)}")
+    return tuple(_check_row(f"{name}[{index}]", row, len(columns)) for index, row in enumerate(seconds))
 
 
 def _check_key(instance, attribute, value) -> None:
@@ -116,28 +117,30 @@ def _check_key(instance, attribute, value) -> None:
 class CostTable:
     """Measured seconds per target forward on a grid, and optionally per drafting pass.
 
-    ``step_seconds[i][j]`` is t(``rows[i]``, ``tokens[j]``); ``draft_seconds[i]`` is d(``draft_rows[i]``)
-    (both None when no drafter was timed). ``key`` says what the timings depend on (see
-    ``profile_key``); it is copied, and JSON-serialisable.
+    ``step_seconds[i][j]`` is t(``rows[i]``, ``tokens[j]``); ``draft_seconds[i][k]`` is
+    d(``draft_rows[i]``, ``draft_depths[k]``) (all three None when no drafter was timed). ``key`` says what
+    the timings depend on (see ``profile_key``); it is copied, and JSON-serialisable.
     """
 
     rows: tuple[int, ...] = attrs.field(converter=lambda value: _check_grid("rows", value))
     tokens: tuple[int, ...] = attrs.field(converter=lambda value: _check_grid("tokens", value))
     step_seconds: tuple[tuple[float, ...], ...]
     draft_rows: tuple[int, ...] | None = attrs.field(default=None, converter=lambda value: None if value is None else _check_grid("draft_rows", value))
-    draft_seconds: tuple[float, ...] | None = None
+    draft_depths: tuple[int, ...] | None = attrs.field(default=None, converter=lambda value: None if value is None else _check_grid("draft_depths", value))
+    draft_seconds: tuple[tuple[float, ...], ...] | None = None
     key: dict = attrs.field(factory=dict, converter=lambda value: dict(value) if isinstance(value, Mapping) else value, validator=_check_key, hash=False)
 
     def __attrs_post_init__(self):
         # Fields validated against each other, then stored as tuples of floats.
         object.__setattr__(self, "step_seconds", _check_table(self.rows, self.tokens, self.step_seconds))
-        if (self.draft_rows is None) != (self.draft_seconds is None):
+        drafting = (self.draft_rows, self.draft_depths, self.draft_seconds)
+        if len({value is None for value in drafting}) > 1:
             raise ValueError(
-                f"draft_rows and draft_seconds must both be given or both be None, got draft_rows={self.draft_rows!r}, "
-                f"draft_seconds={self.draft_seconds!r}"
+                f"draft_rows, draft_depths and draft_seconds must all be given or all be None, got draft_rows={self.draft_rows!r}, "
+                f"draft_depths={self.draft_depths!r}, draft_seconds={self.draft_seconds!r}"
             )
         if self.draft_rows is not None:
-            object.__setattr__(self, "draft_seconds", _check_row("draft_seconds", self.draft_seconds, len(self.draft_rows)))
+            object.__setattr__(self, "draft_seconds", _check_table(self.draft_rows, self.draft_depths, self.draft_seconds, "draft_seconds"))
 
     def to_dict(self) -> dict:
         """A JSON-ready dict with ``format_version``; ``from_dict`` reads it back."""
@@ -147,7 +150,8 @@ class CostTable:
             "tokens": list(self.tokens),
             "step_seconds": [list(row) for row in self.step_seconds],
             "draft_rows": None if self.draft_rows is None else list(self.draft_rows),
-            "draft_seconds": None if self.draft_seconds is None else list(self.draft_seconds),
+            "draft_depths": None if self.draft_depths is None else list(self.draft_depths),
+            "draft_seconds": None if self.draft_seconds is None else [list(row) for row in self.draft_seconds],
             "key": dict(self.key),
         }
 
@@ -160,7 +164,8 @@ class CostTable:
             raise ValueError(f"data is missing the field(s) {missing} of a CostTable")
         return cls(
             rows=data["rows"], tokens=data["tokens"], step_seconds=data["step_seconds"],
-            draft_rows=data.get("draft_rows"), draft_seconds=data.get("draft_seconds"), key=data.get("key") or {},
+            draft_rows=data.get("draft_rows"), draft_depths=data.get("draft_depths"), draft_seconds=data.get("draft_seconds"),
+            key=data.get("key") or {},
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -375,8 +380,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _draft_seconds(target, drafter, rows: int, context: int, max_draft_tokens: int, repeats: int, fast_path: FastPath | None) -> float:
-    """Median seconds of ``drafter.propose`` for ``rows`` rows in the steady state of a generation.
+def _draft_seconds(
+    target, drafter, rows: int, context: int, max_draft_tokens: int, depth: int, repeats: int, fast_path: FastPath | None
+) -> float:
+    """Median seconds of ``drafter.propose`` of ``depth`` tokens for ``rows`` rows in the steady state of a
+    generation of block width ``max_draft_tokens``.
 
     The context is ``context`` random tokens per row. As in dspark's loop: ``start``, a first
     (untimed) proposal that also takes in the context (with random features of the target's hidden
@@ -414,7 +422,7 @@ def _draft_seconds(target, drafter, rows: int, context: int, max_draft_tokens: i
         _sync(device)
         started = time.perf_counter()
         with mode():
-            drafter.propose(draft_context, max_draft_tokens)
+            drafter.propose(draft_context, depth)
         _sync(device)
         if step > 0:
             seconds.append(time.perf_counter() - started)
@@ -434,7 +442,8 @@ def _draft_seconds(target, drafter, rows: int, context: int, max_draft_tokens: i
 @attrs.frozen
 class ProfiledCostModel:
     """``step_time`` and ``draft_time`` from a :class:`CostTable`, monotone and interpolated (module
-    docstring). ``draft_time`` is 0 when the table has no drafting times."""
+    docstring). ``draft_time`` is 0 when the table has no drafting times; its depth defaults to the deepest
+    profiled (the whole block)."""
 
     table: CostTable = attrs.field(validator=attrs.validators.instance_of(CostTable))
     _steps: _Surface = attrs.field(init=False, repr=False, eq=False)
@@ -448,7 +457,7 @@ class ProfiledCostModel:
     def _build_drafts(self) -> _Surface | None:
         if self.table.draft_rows is None:
             return None
-        return _Surface.build(self.table.draft_rows, (1,), [[seconds] for seconds in self.table.draft_seconds])
+        return _Surface.build(self.table.draft_rows, self.table.draft_depths, self.table.draft_seconds)
 
     def step_time(self, rows: int, tokens: int) -> float:
         """Seconds of one target forward over ``rows`` rows of ``tokens`` new tokens each."""
@@ -456,10 +465,15 @@ class ProfiledCostModel:
         check_int("tokens", tokens, 1)
         return self._steps(rows, tokens)
 
-    def draft_time(self, rows: int) -> float:
-        """Seconds of one drafting pass for ``rows`` rows (0 without drafting times in the table)."""
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
+        """Seconds of one drafting pass for ``rows`` rows, ``depth`` tokens deep (None: the deepest profiled);
+        0 without drafting times in the table."""
         check_int("rows", rows, 1)
-        return 0.0 if self._drafts is None else self._drafts(rows, 1)
+        if depth is not None:
+            check_int("depth", depth, 1)
+        if self._drafts is None:
+            return 0.0
+        return self._drafts(rows, self.table.draft_depths[-1] if depth is None else depth)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the table as JSON to ``path``."""
@@ -489,9 +503,9 @@ class ProfiledCostModel:
         Target forwards are timed with ``cost_curve`` over ``rows`` × ``tokens`` after ``context``
         cached tokens (median of ``repeats``), on the fast path ``dspark.wrap`` would use for
         ``fast_path`` (True: ``FastPath.shared(target)``; None: that on CPU targets only; False:
-        plain forwards; or a given ``FastPath``). With a ``drafter``, one ``propose`` of
-        ``max_draft_tokens`` tokens (default: its own ``max_draft_tokens``, else max(tokens) − 1) is
-        timed per ``rows`` value. The table is cached as ``<hash>.json`` in ``cache_dir`` (default
+        plain forwards; or a given ``FastPath``). With a ``drafter``, one ``propose`` is timed per
+        ``rows`` value and depth 1..γ, γ = ``max_draft_tokens`` (default: the drafter's own
+        ``max_draft_tokens``, else max(tokens) − 1). The table is cached as ``<hash>.json`` in ``cache_dir`` (default
         ``dspark.pretrained.default_cache_dir() / "cost_tables"``), named by a hash of
         ``profile_key`` and the grid; a later call with the same key and grid loads it and measures
         nothing. The default folder is ``default_table_dir()``.
@@ -513,17 +527,19 @@ class ProfiledCostModel:
         path_to_time = _resolve_fast_path(target, drafter, fast_path)
         timings = cost_curve(target, rows=rows, tokens=tokens, contexts=(context,), fast_path=path_to_time, repeats=repeats, progress=progress)
         seconds = {(timing.rows, timing.tokens): timing.seconds for timing in timings}
-        draft_seconds = None
+        draft_depths = draft_seconds = None
         if drafter is not None:
-            grid = rows
+            draft_depths = tuple(range(1, width + 1))
+            points = [(row_count, depth) for row_count in rows for depth in draft_depths]
             if progress:
                 from tqdm.auto import tqdm
 
-                grid = tqdm(rows, desc="drafting times", unit="point")
-            draft_seconds = [_draft_seconds(target, drafter, row_count, context, width, repeats, path_to_time) for row_count in grid]
+                points = tqdm(points, desc="drafting times", unit="point")
+            timed = {point: _draft_seconds(target, drafter, point[0], context, width, point[1], repeats, path_to_time) for point in points}
+            draft_seconds = [[timed[(row_count, depth)] for depth in draft_depths] for row_count in rows]
         table = CostTable(
             rows=rows, tokens=tokens, step_seconds=[[seconds[(row_count, token_count)] for token_count in tokens] for row_count in rows],
-            draft_rows=None if drafter is None else rows, draft_seconds=draft_seconds, key=key,
+            draft_rows=None if drafter is None else rows, draft_depths=draft_depths, draft_seconds=draft_seconds, key=key,
         )
         table.save(path)
         return cls(table)

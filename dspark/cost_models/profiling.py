@@ -43,12 +43,13 @@ from dspark.kv import empty_cache
 __all__ = ["REVISION", "StepTiming", "measure_step_time", "cost_curve"]
 
 #: How ``cost_curve`` times its grid, and the revision of dspark's own code paths it times; part of a profiled
-#: table's cache key, so a change in either measures the table again. 4: steps timed on a cache of growing layers
+#: table's cache key, so a change in either measures the table again. 5: drafting timed at every depth 1..γ;
+#: 4: steps timed on a cache of growing layers
 #: (``dspark.kv.empty_cache``, as the loop's), the semi-AR drafter's context grows in place and its attention joins
 #: no keys; 3: a fresh
 #: cache's first forward untimed, the token order rotated per pass; 2: in passes over the whole grid; 1: every
 #: repeat of a point in a row.
-REVISION = 4
+REVISION = 5
 
 
 @attrs.frozen

@@ -181,7 +181,7 @@ def _check_dtype(instance, attribute, value) -> None:
 class RooflineCostModel:
     """t(R, T) = o + max((P + K·C·R) / W, F·R·T / Φ) (module docstring) with P = ``parameter_bytes``,
     F = ``flops_per_token``, K = ``kv_bytes_per_token``, C = ``context``, and o, W, Φ from ``device``
-    (a ``DeviceSpec`` or a name in ``DEVICES``) at ``dtype``. Drafting costs ``draft_seconds`` whatever the rows."""
+    (a ``DeviceSpec`` or a name in ``DEVICES``) at ``dtype``. Drafting costs ``draft_seconds`` whatever the rows and depth."""
 
     parameter_bytes: float = attrs.field(validator=_positive)
     flops_per_token: float = attrs.field(validator=_positive)
@@ -199,8 +199,8 @@ class RooflineCostModel:
         compute = self.flops_per_token * rows * tokens / self.device.peak(self.dtype)
         return self.device.overhead_seconds + max(memory, compute)
 
-    def draft_time(self, rows: int) -> float:
-        """``draft_seconds``, whatever ``rows``."""
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
+        """``draft_seconds``, whatever ``rows`` and ``depth``."""
         check_int("rows", rows, 1)
         return self.draft_seconds
 

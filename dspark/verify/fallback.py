@@ -1,17 +1,26 @@
 """Per-row fallback: before each proposal, draft only for the rows whose drafting pays for itself.
 
 Notation (one step, R rows in the target's forward): w_r the row's priority weight; g_r the tokens
-drafting gained it, smoothed over the steps it was drafted for: the expected accepted count of what was
+drafting gained it over the steps it was drafted for (their mean while it has fewer than 1/α of them,
+then smoothed by α = ``smoothing``): the expected accepted count of what was
 verified, Σ_{j≤ℓ_r} a_{r,j} with a = c_1·…·c_j the estimator's survival (calibrated, it is unbiased and
 far less noisy than the realised n_r, mostly 0 or 1), or n_r itself without an estimator; 0 when the
-scheduler verified none of the row's draft; ρ the realised ratio, accepted tokens over their expected
+scheduler verified none of the row's draft; ĝ_r = (m_r·g_r + κ·ḡ) / (m_r + κ) what the choice reads: g_r
+pulled towards ḡ, the gain drafted rows have shown at this batch size and band (``GainPrior``, below), by
+κ = ``prior_weight`` pseudo-steps against m_r, the row's own drafted steps in this generation counted up
+to the smoothing's horizon (2 − α)/α (an exponential average over more steps is no surer). A smoothed
+estimate that has just fallen below what drafting costs overstates how far: the row's next steps regress
+towards what rows like it gain, so a choice on the raw g_r skips steps whose drafting pays, most where
+the average row is near break-even (batch 1); where drafting pays for no row (under load, ḡ near 0)
+the pull only keeps rows out sooner; ρ the realised ratio, accepted tokens over their expected
 count Σ a over every drafted row so far (``GainPrior.realised_ratio``), which scales every g_r when the
 choice is made: the scheduler verifies the prefixes the estimator rates highest, and a calibration
 fitted on other prompts can overstate what exactly those yield, by a steady factor, while a drafting
 decision is taken on the margin (ρ does not scale the probe ceiling below: a probe is what measures
-ρ again, and a ρ that kept probes out could never recover); λ_r its smoothed verify length ℓ_r;
-D(k) the seconds that drafting k rows adds to a step, the cost model's ``draft_time(k)`` less what a step that drafts for no
-row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
+ρ again, and a ρ that kept probes out could never recover); λ_r its verify length ℓ_r, averaged alike;
+D(k) the seconds that drafting k rows adds to a step, the cost model's ``draft_time(k, depth)`` at the depth the
+rows would be drafted (the deepest of the candidates: one pass drafts every chosen row that deep), less what a
+step that drafts for no row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
 its books), the least the run has measured on such steps (the least, because the first such step also
 reads the whole prompt's features), plus the catch-up: a drafter that reads target features lazily reads
 every column it has not read yet, for every row, in its next pass: the prompt's before its first pass,
@@ -246,9 +255,11 @@ class GoodputFallback:
     """DSpark's per-row fallback (``RowFallback``): draft only for the rows that raise the predicted
     goodput (module docstring), re-probing skipped rows after ``probe_after`` steps, then after twice
     as long each time a probe does not bring them back, at most ``max_probe_interval`` steps.
-    ``smoothing``: the weight of the newest observation in g_r and λ_r.
+    ``smoothing``: α, the weight of the newest observation in g_r and λ_r once the row has 1/α drafted steps of
+    its own (before, every step weighs alike: a first outcome is one step, not the whole estimate).
 
     ``prior``: what earlier generations showed per batch size (module docstring), shared by every run.
+    ``prior_weight``: κ, the pseudo-steps of the prior's gain in each row's estimate ĝ_r (0: the row's own g_r alone).
 
     ``depth_margin``: a drafted row gets ⌈λ_r⌉ + ``depth_margin`` tokens (at least 1, at most γ), as many as
     the scheduler has been verifying for it and that many more, so that it can verify more when the
@@ -257,15 +268,18 @@ class GoodputFallback:
 
     Subclass and override ``choose`` to change the rule while keeping the bookkeeping and the probes."""
 
-    smoothing: float = attrs.field(default=0.3)
+    smoothing: float = attrs.field(default=0.1)
     probe_after: int = attrs.field(default=8, validator=int_at_least(1))
     max_probe_interval: int = attrs.field(default=64, validator=int_at_least(1))
     depth_margin: int | None = attrs.field(default=1, validator=int_at_least(0, optional=True))
     prior: GainPrior = attrs.field(factory=GainPrior, eq=False, repr=False, validator=attrs.validators.instance_of(GainPrior))
+    prior_weight: float = attrs.field(default=3.0)
 
     def __attrs_post_init__(self):
         if isinstance(self.smoothing, bool) or not isinstance(self.smoothing, (int, float)) or not 0 < self.smoothing <= 1:
             raise ValueError(f"smoothing must be a number in (0, 1], got {self.smoothing!r}")
+        if isinstance(self.prior_weight, bool) or not isinstance(self.prior_weight, (int, float)) or not 0 <= self.prior_weight < math.inf:
+            raise ValueError(f"prior_weight must be a finite number >= 0, got {self.prior_weight!r}")
         if self.max_probe_interval < self.probe_after:
             raise ValueError(f"max_probe_interval must be >= probe_after={self.probe_after}, got {self.max_probe_interval!r}")
 
@@ -296,6 +310,7 @@ class GoodputFallbackRun:
         self.verify = torch.zeros(batch, dtype=torch.float64)
         self.observed = torch.zeros(batch, dtype=torch.bool)  # has an estimate: its own outcome or the prior's
         self.measured = torch.zeros(batch, dtype=torch.bool)  # has an outcome of its own in this generation
+        self.own_steps = torch.zeros(batch, dtype=torch.float64)  # drafted steps of its own in this generation
         self.skipped = torch.zeros(batch, dtype=torch.long)
         self.interval = torch.full((batch,), fallback.prior.probe_interval(self.band, batch) or fallback.probe_after, dtype=torch.long)
         self.idle_seconds: float | None = None
@@ -307,35 +322,38 @@ class GoodputFallbackRun:
         # while it holds, that choice stands (the cost model's small corrections wait until it changes).
         self._idle_key: tuple | None = None
 
-    def avoidable_draft_time(self, rows: int) -> float:
-        """D(k): what drafting ``rows`` rows adds to a step that drafts for none (module docstring)."""
-        return max(self.cost_model.draft_time(rows) - (self.idle_seconds or 0.0), 0.0)
+    def avoidable_draft_time(self, rows: int, depth: int | None = None) -> float:
+        """D(k): what drafting ``rows`` rows ``depth`` tokens deep (None: the whole block) adds to a step that drafts
+        for none (module docstring)."""
+        return max(self.cost_model.draft_time(rows, depth) - (self.idle_seconds or 0.0), 0.0)
 
     @property
     def catch_up_seconds(self) -> float | None:
         """Seconds per row and unread feature column that a pass pays to read them (``GainPrior.catch_up``)."""
         return self.fallback.prior.catch_up
 
-    def resume_draft_time(self, count: int, batch: int | None = None) -> float:
-        """D(k) for this step, k = ``count`` of ``batch`` rows (default k): ``avoidable_draft_time`` plus the catch-up of
-        the skipped steps' columns and of the unread prompt's spread over the steps left (module docstring)."""
+    def resume_draft_time(self, count: int, batch: int | None = None, depth: int | None = None) -> float:
+        """D(k) for this step, k = ``count`` of ``batch`` rows (default k), ``depth`` deep: ``avoidable_draft_time`` plus
+        the catch-up of the skipped steps' columns and of the unread prompt's spread over the steps left (module
+        docstring)."""
         columns = self.skipped_steps + self.unread_prompt_columns / max(self.steps_left, 1)
-        return self._with_catch_up(count, batch, columns)
+        return self._with_catch_up(count, batch, columns, depth)
 
-    def probe_draft_time(self, count: int, batch: int | None = None) -> float:
+    def probe_draft_time(self, count: int, batch: int | None = None, depth: int | None = None) -> float:
         """D(k) a probe is judged by: ``avoidable_draft_time``, plus every unread column while the prompt is unread."""
         columns = self.unread_prompt_columns + self.skipped_steps if self.unread_prompt_columns else 0
-        return self._with_catch_up(count, batch, columns)
+        return self._with_catch_up(count, batch, columns, depth)
 
-    def _with_catch_up(self, count: int, batch: int | None, columns: float) -> float:
-        """``avoidable_draft_time(count)`` plus reading ``columns`` unread columns of ``batch`` rows (default ``count``)."""
-        return self.avoidable_draft_time(count) + (self.catch_up_seconds or 0.0) * (count if batch is None else batch) * columns
+    def _with_catch_up(self, count: int, batch: int | None, columns: float, depth: int | None) -> float:
+        """``avoidable_draft_time(count, depth)`` plus reading ``columns`` unread columns of ``batch`` rows (default ``count``)."""
+        return self.avoidable_draft_time(count, depth) + (self.catch_up_seconds or 0.0) * (count if batch is None else batch) * columns
 
-    def probe_interval_cap(self, rows: int) -> int:
-        """The longest wait between probes: the steps over which probing ``rows`` rows costs ``_PROBE_BUDGET`` of
-        one-token steps (D(rows) / (budget·T(rows, 1)), rounded up), within probe_after..max_probe_interval."""
+    def probe_interval_cap(self, rows: int, depth: int | None = None) -> int:
+        """The longest wait between probes: the steps over which probing ``rows`` rows ``depth`` deep costs
+        ``_PROBE_BUDGET`` of one-token steps (D(rows) / (budget·T(rows, 1)), rounded up), within
+        probe_after..max_probe_interval."""
         budget = _PROBE_BUDGET * self.cost_model.step_time(rows, 1)
-        steps = math.ceil(self.avoidable_draft_time(rows) / budget) if budget > 0 else self.fallback.max_probe_interval
+        steps = math.ceil(self.avoidable_draft_time(rows, depth) / budget) if budget > 0 else self.fallback.max_probe_interval
         return min(max(steps, self.fallback.probe_after), self.fallback.max_probe_interval)
 
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
@@ -352,19 +370,22 @@ class GoodputFallbackRun:
         observed = self.observed[rows]
         candidates = rows[observed]
         chosen = torch.zeros(rows.numel(), dtype=torch.bool)
-        if self.avoidable_draft_time(rows.numel()) <= 0:
+        depths = self.depth(rows)
+        deepest = max(int(depths.max()), 1) if depths.numel() > 0 else 1  # a cost model prices depths >= 1
+        if self.avoidable_draft_time(rows.numel(), deepest) <= 0:
             # Drafting costs nothing that skipping would save (prompt lookup): skipping would only stop the row
             # from being measured, so every row is drafted for and the scheduler alone decides what to verify.
             chosen[:] = True
         elif candidates.numel() > 0:
-            gains = self.priority[candidates] * self.gain[candidates] * self.fallback.prior.realised_ratio(self.band)
+            gains = self.priority[candidates] * self.shrunk_gain(candidates, prior) * self.fallback.prior.realised_ratio(self.band)
             chosen[observed] = self.fallback.choose(
                 gains, self.verify[candidates].round().long(), float(self.priority[rows].sum()), rows.numel(),
-                self.cost_model.step_time, functools.partial(self.resume_draft_time, batch=rows.numel()),
+                self.cost_model.step_time,
+                functools.partial(self.resume_draft_time, batch=rows.numel(), depth=max(int(depths[observed].max()), 1)),
             )
-        cap = self.probe_interval_cap(rows.numel())
+        cap = self.probe_interval_cap(rows.numel(), deepest)
         due = ~chosen & self._due(rows)
-        if bool(due.any()) and not self._a_probe_could_pay(rows, cap):
+        if bool(due.any()) and not self._a_probe_could_pay(rows, cap, deepest):
             due[:] = False
         probes = ~observed | due
         # A re-probe of a row its estimate keeps out waits twice as long for the next (a first probe only measures
@@ -375,7 +396,16 @@ class GoodputFallbackRun:
         self.fallback.prior.remember_probe_interval(self.band, rows.numel(), int(self.interval[rows].min()))
         drafting = chosen | probes
         self._idle_key = None if bool(drafting.any()) else self._choice_key(rows)
-        return torch.where(drafting, self.depth(rows), 0)
+        return torch.where(drafting, depths, 0)
+
+    def shrunk_gain(self, rows: torch.Tensor, prior: tuple[float, float] | None) -> torch.Tensor:
+        """DoubleTensor: g_r of ``rows`` pulled towards the prior's g by ``prior_weight`` pseudo-steps against the
+        row's own drafted steps, counted up to the smoothing's horizon (2 − α)/α (module docstring)."""
+        if prior is None or self.fallback.prior_weight == 0:
+            return self.gain[rows]
+        alpha = self.fallback.smoothing
+        own = self.own_steps[rows].clamp_max((2 - alpha) / alpha)
+        return (own * self.gain[rows] + self.fallback.prior_weight * prior[0]) / (own + self.fallback.prior_weight)
 
     def depth(self, rows: torch.Tensor) -> torch.Tensor:
         """LongTensor[R]: how many tokens to draft for each of ``rows`` if drafted (``depth_margin``)."""
@@ -394,9 +424,9 @@ class GoodputFallbackRun:
         estimates, everything a choice that drafts for no row reads that can change between steps."""
         return tuple(rows.tolist()), tuple(self._due(rows).tolist()), self.idle_seconds, self.fallback.prior.version
 
-    def _a_probe_could_pay(self, rows: torch.Tensor, probe_interval_cap: int) -> bool:
-        """Whether drafting one row that gains as much as the best row ever did here would pay, at a probe's
-        ``probe_draft_time`` (True while
+    def _a_probe_could_pay(self, rows: torch.Tensor, probe_interval_cap: int, depth: int) -> bool:
+        """Whether drafting one row ``depth`` deep that gains as much as the best row ever did here would pay, at a
+        probe's ``probe_draft_time`` (True while
         fewer than ``_CEILING_EVIDENCE`` drafted rows were seen here, and where probing every ``probe_after``
         steps stays within ``_PROBE_BUDGET``, which ``probe_interval_cap`` (this step's) says: such probes are too
         cheap to give up)."""
@@ -408,7 +438,7 @@ class GoodputFallbackRun:
         gain = torch.tensor([ceiling[0] * float(self.priority[rows].max())], dtype=torch.float64)
         return bool(self.fallback.choose(
             gain, torch.tensor([round(ceiling[1])]), float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time,
-            functools.partial(self.probe_draft_time, batch=rows.numel()),
+            functools.partial(self.probe_draft_time, batch=rows.numel(), depth=depth),
         )[0])
 
     def observe(self, record: StepRecord) -> None:
@@ -426,13 +456,15 @@ class GoodputFallbackRun:
         else:
             unread = self.unread_prompt_columns + self.skipped_steps
             if unread > 0:
-                extra = max(record.draft_seconds - self.cost_model.draft_time(index.numel()), 0.0)
+                extra = max(record.draft_seconds - self.cost_model.draft_time(index.numel(), max(int(record.drafted.max()), 1)), 0.0)
                 self.fallback.prior.remember_catch_up(extra / (unread * rows.numel()))
             self.unread_prompt_columns = self.skipped_steps = 0
         gains = verified_gain(record)
+        self.own_steps[index] += 1
+        # The mean of the row's own steps while they are fewer than 1/α, then exponential smoothing by α.
+        weight = torch.maximum(1 / self.own_steps[index], torch.tensor(alpha, dtype=torch.float64))
         for estimate, value in ((self.gain, gains[drafted]), (self.verify, verify_lengths[drafted].double())):
-            previous = estimate[index]
-            estimate[index] = torch.where(self.measured[index], previous + alpha * (value - previous), value)
+            estimate[index] += weight * (value - estimate[index])
         self.observed[index] = self.measured[index] = True
         self.skipped[index] = 0
         if index.numel() > 0:

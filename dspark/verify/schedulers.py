@@ -269,7 +269,7 @@ class HardwareAwareScheduler:
         weighted by the context's priorities (times the finishing weights with ``static_batch``), on the
         cost model's step time."""
         prefix, limits = _prefix_and_limits(self, survival, limits)
-        draft_seconds = _draft_seconds(cost_model, prefix.shape[0], context) if self.include_draft_cost else 0.0
+        draft_seconds = _draft_seconds(cost_model, prefix, context) if self.include_draft_cost else 0.0
         weights = _priority(context)
         if self.static_batch and context is not None and context.remaining is not None:
             finishing = finishing_weights(context.remaining, cost_model.step_time).to(prefix.device)
@@ -302,7 +302,7 @@ class VllmArgmaxRule:
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor, context: VerifyContext | None = None) -> torch.Tensor:
         """The b* best candidates of this step, b* the argmax of expected goodput over all budgets."""
         prefix, limits = _prefix_and_limits(self, survival, limits)
-        draft_seconds = _draft_seconds(cost_model, prefix.shape[0], context)
+        draft_seconds = _draft_seconds(cost_model, prefix, context)
         return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=False, weights=_priority(context))
 
 
@@ -332,10 +332,12 @@ class MinimumGainRule:
         return minimum_gain_schedule(prefix, limits, cost_model.step_time, self.min_gain)
 
 
-def _draft_seconds(cost_model: CostModel, rows: int, context: VerifyContext | None) -> float:
-    """D: the drafting time of the rows drafted this step (all ``rows`` without a context), 0 for none."""
+def _draft_seconds(cost_model: CostModel, prefix_survival: torch.Tensor, context: VerifyContext | None) -> float:
+    """D: the drafting time of the rows drafted this step (every row of ``prefix_survival`` without a context),
+    as deep as the draft (its γ columns), 0 for none."""
+    rows, depth = prefix_survival.shape
     drafted = rows if context is None else context.drafted_rows
-    return cost_model.draft_time(drafted) if drafted > 0 else 0.0
+    return cost_model.draft_time(drafted, depth) if drafted > 0 and depth > 0 else 0.0
 
 
 def _priority(context: VerifyContext | None) -> torch.Tensor | None:
