@@ -371,14 +371,17 @@ def test_draft_depths_reads_every_form_of_answer():
 
 
 @pytest.mark.parametrize("margin", [0, 1, 2, None])
-def test_a_drafted_row_is_drafted_as_deep_as_it_has_been_verified_plus_the_margin(margin):
-    """Depth ⌈λ_r⌉ + depth_margin, at least 1 and at most γ; γ for a row never observed or with depth_margin None."""
-    run = GoodputFallback(smoothing=1.0, depth_margin=margin).start(start(3), Costs())
+def test_a_drafted_row_is_drafted_as_deep_as_it_has_been_verified_and_deeper_on_one_step_in_probe_after(margin):
+    """Depth ⌈λ_r⌉, at least 1 and at most γ, plus depth_margin on every probe_after-th drafted step of the row's own;
+    γ for a row never observed or with depth_margin None."""
+    run = GoodputFallback(smoothing=1.0, depth_margin=margin, probe_after=2, prior_weight=0.0).start(start(3), Costs(draft_base=0.01))
     rows = torch.tensor([0, 1, 2])
     assert run.draft_rows(rows).tolist() == [4, 4, 4]
     run.observe(record([0, 1], [True, True], [1, 2], [1, 1], survival=torch.full((2, 4), 0.9)))
-    expected = [4, 4, 4] if margin is None else [max(1, min(4, 1 + margin)), min(4, 2 + margin), 4]
-    assert run.draft_rows(rows).tolist() == expected
+    assert run.draft_rows(rows).tolist() == ([4, 4, 4] if margin is None else [1, 2, 4])  # the rows' first own step: no margin
+    run.observe(record([0, 1], [True, True], [1, 2], [1, 1], survival=torch.full((2, 4), 0.9)))
+    explored = [4, 4, 4] if margin is None else [max(1, min(4, 1 + margin)), min(4, 2 + margin), 4]
+    assert run.draft_rows(rows).tolist() == explored  # their second: one in probe_after = 2 explores deeper
 
 
 @attrs.frozen
@@ -497,8 +500,9 @@ def test_a_probe_pays_for_reading_the_prompt_while_it_is_unread(prompt_length, p
 
 def test_where_drafting_costs_nothing_to_skip_every_row_is_drafted_for():
     """With a drafting time no greater than what an idle step spends (prompt lookup), rows that gained nothing
-    are still drafted for; with a drafting time above it, they are skipped."""
-    for draft_row, expected in ((0.0, [2, 2]), (0.3, [0, 0])):  # drafted: ⌈λ = 1⌉ + 1 tokens deep
+    are still drafted for, γ deep (a shallower draft would save nothing and cut matches short); with a drafting
+    time above it, they are skipped."""
+    for draft_row, expected in ((0.0, [4, 4]), (0.3, [0, 0])):
         run = GoodputFallback(smoothing=1.0).start(start(2), Costs(draft_row=draft_row))
         rows = torch.tensor([0, 1])
         run.draft_rows(rows)

@@ -61,9 +61,14 @@ probed there (when a probe could pay, below), and its first own outcome replaces
 drafter gains depends on the prompt (code against chat), so an estimate inherited from other prompts would
 otherwise keep a row out for a whole wait, and a later probe would only nudge the inherited estimate.
 
-A drafted row is drafted ⌈λ_r⌉ + ``depth_margin`` tokens deep (``GoodputFallbackRun.depth``): the run
-answers with per-row depths, and the loop asks the drafter for no more than the deepest, so a scheduler
-that verifies one token a step does not pay for drafting γ.
+A drafted row is drafted ⌈λ_r⌉ tokens deep, and ⌈λ_r⌉ + ``depth_margin`` on one of every ``probe_after``
+of its drafted steps (``GoodputFallbackRun.depth``): the run answers with per-row depths, and the loop
+asks the drafter for no more than the deepest, so a scheduler that verifies one token a step does not
+pay for drafting γ. The margin explores: a step whose scheduler verifies the deeper token raises λ_r,
+and the row is drafted deeper from then on, while a margin on every step paid for a position that
+was rarely worth verifying and offered the scheduler positions whose survival the calibration
+overstates. Where drafting a whole block costs nothing avoidable (prompt lookup), every row is drafted
+γ deep: a shallower draft would only cut a long match short.
 
 A row's first estimate is the gain drafted rows have shown at this batch size and sampling band in
 earlier generations (``GainPrior``, kept by the ``GoodputFallback``): what a drafting pass gains depends
@@ -261,10 +266,10 @@ class GoodputFallback:
     ``prior``: what earlier generations showed per batch size (module docstring), shared by every run.
     ``prior_weight``: κ, the pseudo-steps of the prior's gain in each row's estimate ĝ_r (0: the row's own g_r alone).
 
-    ``depth_margin``: a drafted row gets ⌈λ_r⌉ + ``depth_margin`` tokens (at least 1, at most γ), as many as
-    the scheduler has been verifying for it and that many more, so that it can verify more when the
-    survival says so; the rest of a γ-token block would cost drafting time and never be verified. A row
-    with no λ_r yet gets γ. None drafts γ for every drafted row.
+    ``depth_margin``: a drafted row gets ⌈λ_r⌉ tokens (at least 1, at most γ), as many as the scheduler has
+    been verifying for it, and ``depth_margin`` more on one of every ``probe_after`` of its drafted steps, so
+    that it can verify more when the survival says so; the rest of a γ-token block would cost drafting
+    time and rarely be verified. A row with no λ_r yet gets γ. None drafts γ for every drafted row.
 
     Subclass and override ``choose`` to change the rule while keeping the bookkeeping and the probes."""
 
@@ -372,10 +377,12 @@ class GoodputFallbackRun:
         chosen = torch.zeros(rows.numel(), dtype=torch.bool)
         depths = self.depth(rows)
         deepest = max(int(depths.max()), 1) if depths.numel() > 0 else 1  # a cost model prices depths >= 1
-        if self.avoidable_draft_time(rows.numel(), deepest) <= 0:
-            # Drafting costs nothing that skipping would save (prompt lookup): skipping would only stop the row
-            # from being measured, so every row is drafted for and the scheduler alone decides what to verify.
+        if self.avoidable_draft_time(rows.numel(), max(self.max_draft_tokens, 1)) <= 0:
+            # Drafting a whole block costs nothing that skipping would save (prompt lookup): skipping or drafting
+            # shallower would only stop the row from being measured or cut its matches short, so every row is
+            # drafted γ deep and the scheduler alone decides what to verify.
             chosen[:] = True
+            depths = torch.full_like(depths, self.max_draft_tokens)
         elif candidates.numel() > 0:
             gains = self.priority[candidates] * self.shrunk_gain(candidates, prior) * self.fallback.prior.realised_ratio(self.band)
             chosen[observed] = self.fallback.choose(
@@ -412,6 +419,8 @@ class GoodputFallbackRun:
         margin, gamma = self.fallback.depth_margin, self.max_draft_tokens
         if margin is None:
             return torch.full((rows.numel(),), gamma, dtype=torch.long)
+        # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
+        margin = torch.where(self.own_steps[rows] % self.fallback.probe_after == 0, margin, 0)
         by_verified = (self.verify[rows] - 1e-9).ceil().long() + margin
         return torch.where(self.observed[rows], by_verified.clamp(1, gamma), gamma)
 
