@@ -374,7 +374,7 @@ def test_draft_depths_reads_every_form_of_answer():
 def test_a_drafted_row_is_drafted_as_deep_as_it_has_been_verified_and_deeper_on_one_step_in_probe_after(margin):
     """Depth ⌈λ_r⌉, at least 1 and at most γ, plus depth_margin on every probe_after-th drafted step of the row's own;
     γ for a row never observed or with depth_margin None."""
-    run = GoodputFallback(smoothing=1.0, depth_margin=margin, probe_after=2, prior_weight=0.0).start(start(3), Costs(draft_base=0.01))
+    run = GoodputFallback(smoothing=1.0, depth_margin=margin, probe_after=2, prior_weight=0.0).start(start(3), DepthCosts(per_depth=0.05))
     rows = torch.tensor([0, 1, 2])
     assert run.draft_rows(rows).tolist() == [4, 4, 4]
     run.observe(record([0, 1], [True, True], [1, 2], [1, 1], survival=torch.full((2, 4), 0.9)))
@@ -406,6 +406,17 @@ def test_drafting_is_priced_at_the_depth_the_row_would_be_drafted(margin, drafte
     run.observe(record([0], [True], [1], [0], survival=torch.tensor([[0.2, 0.0, 0.0, 0.0]])))
     assert bool(run.draft_rows(rows)[0] > 0) is drafted
     assert costs.priced[-1] == (1 if margin == 0 else 4)
+
+
+@pytest.mark.parametrize("per_depth, depth", [(0.001, 4), (0.1, 1)])
+def test_a_row_is_drafted_a_whole_block_deep_where_the_deeper_tokens_cost_next_to_nothing(per_depth, depth):
+    """Three more tokens at 0.001 of a step each (within the 0.5% budget) are drafted rather than cut; at 0.1 each they are not."""
+    costs = DepthCosts(per_depth=per_depth)
+    run = GoodputFallback(smoothing=1.0, depth_margin=0, prior_weight=0.0).start(start(1), costs)
+    rows = torch.tensor([0])
+    run.draft_rows(rows)
+    run.observe(record([0], [True], [1], [1], survival=torch.tensor([[0.9, 0.0, 0.0, 0.0]])))
+    assert run.draft_rows(rows).tolist() == [depth]
 
 
 def test_the_realised_ratio_is_accepted_over_expected_with_pseudo_tokens_and_a_discount():

@@ -65,10 +65,10 @@ A drafted row is drafted ⌈λ_r⌉ tokens deep, and ⌈λ_r⌉ + ``depth_margin
 of its drafted steps (``GoodputFallbackRun.depth``): the run answers with per-row depths, and the loop
 asks the drafter for no more than the deepest, so a scheduler that verifies one token a step does not
 pay for drafting γ. The margin explores: a step whose scheduler verifies the deeper token raises λ_r,
-and the row is drafted deeper from then on, while a margin on every step paid for a position that
-was rarely worth verifying and offered the scheduler positions whose survival the calibration
-overstates. Where drafting a whole block costs nothing avoidable (prompt lookup), every row is drafted
-γ deep: a shallower draft would only cut a long match short.
+and the row is drafted deeper from then on, while a margin on every step paid, on every step, for a
+deeper pass and for the positions the scheduler then verified, where they were rarely worth it. Where a
+whole block costs no more than ``_PROBE_BUDGET`` of a one-token step over the depths chosen (prompt
+lookup), every drafted row is drafted γ deep: a shallower draft would only cut a long match short.
 
 A row's first estimate is the gain drafted rows have shown at this batch size and sampling band in
 earlier generations (``GainPrior``, kept by the ``GoodputFallback``): what a drafting pass gains depends
@@ -375,14 +375,16 @@ class GoodputFallbackRun:
         observed = self.observed[rows]
         candidates = rows[observed]
         chosen = torch.zeros(rows.numel(), dtype=torch.bool)
-        depths = self.depth(rows)
+        depths, block = self.depth(rows), max(self.max_draft_tokens, 1)
         deepest = max(int(depths.max()), 1) if depths.numel() > 0 else 1  # a cost model prices depths >= 1
-        if self.avoidable_draft_time(rows.numel(), max(self.max_draft_tokens, 1)) <= 0:
-            # Drafting a whole block costs nothing that skipping would save (prompt lookup): skipping or drafting
-            # shallower would only stop the row from being measured or cut its matches short, so every row is
-            # drafted γ deep and the scheduler alone decides what to verify.
+        if self._deeper_is_free(rows.numel(), max(int(depths.min()), 1) if depths.numel() > 0 else 1):
+            # A shallower draft would save next to nothing and cut long matches (prompt lookup's) short.
+            depths, deepest = torch.full_like(depths, self.max_draft_tokens), block
+        if self.avoidable_draft_time(rows.numel(), block) <= 0:
+            # Drafting a whole block costs nothing that skipping would save (prompt lookup): skipping would only
+            # stop the row from being measured, so every row is drafted for and the scheduler alone decides what
+            # to verify.
             chosen[:] = True
-            depths = torch.full_like(depths, self.max_draft_tokens)
         elif candidates.numel() > 0:
             gains = self.priority[candidates] * self.shrunk_gain(candidates, prior) * self.fallback.prior.realised_ratio(self.band)
             chosen[observed] = self.fallback.choose(
@@ -404,6 +406,14 @@ class GoodputFallbackRun:
         drafting = chosen | probes
         self._idle_key = None if bool(drafting.any()) else self._choice_key(rows)
         return torch.where(drafting, depths, 0)
+
+    def _deeper_is_free(self, rows: int, depth: int) -> bool:
+        """Whether drafting ``rows`` rows a whole block deep costs at most ``_PROBE_BUDGET`` of a one-token step more
+        than drafting them ``depth`` deep (the shallowest depth chosen): savings that small are not worth a
+        shorter draft."""
+        block = max(self.max_draft_tokens, 1)
+        extra = self.cost_model.draft_time(rows, block) - self.cost_model.draft_time(rows, depth)
+        return extra <= _PROBE_BUDGET * self.cost_model.step_time(rows, 1)
 
     def shrunk_gain(self, rows: torch.Tensor, prior: tuple[float, float] | None) -> torch.Tensor:
         """DoubleTensor: g_r of ``rows`` pulled towards the prior's g by ``prior_weight`` pseudo-steps against the
