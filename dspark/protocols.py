@@ -240,7 +240,7 @@ def _member(part, name: str, declared: Hook):
 
 def check_draft_time(cost_model, role: str = "cost_model") -> None:
     """Refuse a cost model whose ``draft_time`` cannot be called as ``draft_time(rows, depth)`` (the one-argument
-    form of dspark 0.x before drafting depth was priced)."""
+    form of the protocol before drafting depth was priced)."""
     try:
         inspect.signature(cost_model.draft_time).bind(1, 1)
     except TypeError as error:
