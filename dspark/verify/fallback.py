@@ -364,7 +364,8 @@ class GoodputFallbackRun:
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """LongTensor[R] of draft depths, 0 for rows not drafted: the rows in the best predicted set (every row
         where drafting costs nothing avoidable), the rows never observed (when earlier generations say
-        nothing about this batch size), and the rows due a probe get ``depth``."""
+        nothing about this batch size), and the rows due a probe get their ``depth``, or a whole block where
+        drafting deeper is next to free (``_deeper_is_free``)."""
         key = self._choice_key(rows)
         if key == self._idle_key:
             return torch.zeros(rows.numel(), dtype=torch.long)
