@@ -86,6 +86,13 @@ def _smooth(current: float | None, value: float, smoothing: float, start: float 
     return current + smoothing * (value - current)
 
 
+def _neighbours(observed: list[int], bucket: int) -> tuple[int | None, int | None]:
+    """In the sorted token buckets ``observed``, the widest below ``bucket`` and the narrowest above it (None where none)."""
+    below = bisect.bisect_left(observed, bucket)
+    above = bisect.bisect_right(observed, bucket)
+    return (observed[below - 1] if below else None), (observed[above] if above < len(observed) else None)
+
+
 class _CorrectedSurface:
     """h = base·k per cell, answered as its cumulative maximum (module docstring)."""
 
@@ -134,10 +141,9 @@ class _CorrectedSurface:
             return base * self.correction(key)
         if cell is not None and cell.seconds is not None:
             return cell.seconds
-        observed = self._seconds_tokens.get(key[0])
-        if observed:
-            narrower = bisect.bisect_left(observed, key[1])
-            return self.cells[(key[0], observed[narrower - 1] if narrower else observed[0])].seconds
+        narrower, wider = _neighbours(self._seconds_tokens.get(key[0], []), key[1])
+        if narrower is not None or wider is not None:
+            return self.cells[(key[0], wider if narrower is None else narrower)].seconds
         return self.overall.seconds if self.overall.seconds is not None else 0.0
 
     def correction(self, key: tuple[int, int]) -> float:
@@ -145,9 +151,8 @@ class _CorrectedSurface:
         cell = self.cells.get(key)
         if cell is not None and cell.ratio is not None:
             return cell.ratio
-        observed = self._ratio_tokens.get(key[0], [])
-        narrower = bisect.bisect_left(observed, key[1])
-        return self.cells[(key[0], observed[narrower - 1])].ratio if narrower else self.overall.ratio
+        narrower, _ = _neighbours(self._ratio_tokens.get(key[0], []), key[1])
+        return self.overall.ratio if narrower is None else self.cells[(key[0], narrower)].ratio
 
     def __call__(self, rows: int, tokens: int) -> float:
         answer = self._answers.get((rows, tokens))

@@ -314,8 +314,7 @@ class GoodputFallbackRun:
         self.gain = torch.zeros(batch, dtype=torch.float64)
         self.verify = torch.zeros(batch, dtype=torch.float64)
         self.observed = torch.zeros(batch, dtype=torch.bool)  # has an estimate: its own outcome or the prior's
-        self.measured = torch.zeros(batch, dtype=torch.bool)  # has an outcome of its own in this generation
-        self.own_steps = torch.zeros(batch, dtype=torch.float64)  # drafted steps of its own in this generation
+        self.own_steps = torch.zeros(batch, dtype=torch.float64)  # drafted steps of its own in this generation (> 0: measured)
         self.skipped = torch.zeros(batch, dtype=torch.long)
         self.interval = torch.full((batch,), fallback.prior.probe_interval(self.band, batch) or fallback.probe_after, dtype=torch.long)
         self.idle_seconds: float | None = None
@@ -364,8 +363,7 @@ class GoodputFallbackRun:
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """LongTensor[R] of draft depths, 0 for rows not drafted: the rows in the best predicted set (every row
         where drafting costs nothing avoidable), the rows never observed (when earlier generations say
-        nothing about this batch size), and the rows due a probe get their ``depth``, or a whole block where
-        drafting deeper is next to free (``_deeper_is_free``)."""
+        nothing about this batch size), and the rows due a probe get their ``depth``."""
         key = self._choice_key(rows)
         if key == self._idle_key:
             return torch.zeros(rows.numel(), dtype=torch.long)
@@ -376,12 +374,9 @@ class GoodputFallbackRun:
         observed = self.observed[rows]
         candidates = rows[observed]
         chosen = torch.zeros(rows.numel(), dtype=torch.bool)
-        depths, block = self.depth(rows), max(self.max_draft_tokens, 1)
-        deepest = max(int(depths.max()), 1) if depths.numel() > 0 else 1  # a cost model prices depths >= 1
-        if self._deeper_is_free(rows.numel(), max(int(depths.min()), 1) if depths.numel() > 0 else 1):
-            # A shallower draft would save next to nothing and cut long matches (prompt lookup's) short.
-            depths, deepest = torch.full_like(depths, self.max_draft_tokens), block
-        if self.avoidable_draft_time(rows.numel(), block) <= 0:
+        depths = self.depth(rows)
+        deepest = max(int(depths.max()), 1)  # a cost model prices depths >= 1
+        if self.avoidable_draft_time(rows.numel(), max(self.max_draft_tokens, 1)) <= 0:
             # Drafting a whole block costs nothing that skipping would save (prompt lookup): skipping would only
             # stop the row from being measured, so every row is drafted for and the scheduler alone decides what
             # to verify.
@@ -400,21 +395,13 @@ class GoodputFallbackRun:
         probes = ~observed | due
         # A re-probe of a row its estimate keeps out waits twice as long for the next (a first probe only measures
         # the row: the prior's wait stands); a row back in starts over.
-        backed_off = rows[probes & self.measured[rows]]
+        backed_off = rows[probes & (self.own_steps[rows] > 0)]
         self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(cap)
         self.interval[rows[chosen]] = self.fallback.probe_after
         self.fallback.prior.remember_probe_interval(self.band, rows.numel(), int(self.interval[rows].min()))
         drafting = chosen | probes
         self._idle_key = None if bool(drafting.any()) else self._choice_key(rows)
         return torch.where(drafting, depths, 0)
-
-    def _deeper_is_free(self, rows: int, depth: int) -> bool:
-        """Whether drafting ``rows`` rows a whole block deep costs at most ``_PROBE_BUDGET`` of a one-token step more
-        than drafting them ``depth`` deep (the shallowest depth chosen): savings that small are not worth a
-        shorter draft."""
-        block = max(self.max_draft_tokens, 1)
-        extra = self.cost_model.draft_time(rows, block) - self.cost_model.draft_time(rows, depth)
-        return extra <= _PROBE_BUDGET * self.cost_model.step_time(rows, 1)
 
     def shrunk_gain(self, rows: torch.Tensor, prior: tuple[float, float] | None) -> torch.Tensor:
         """DoubleTensor: g_r of ``rows`` pulled towards the prior's g by ``prior_weight`` pseudo-steps against the
@@ -426,18 +413,24 @@ class GoodputFallbackRun:
         return (own * self.gain[rows] + self.fallback.prior_weight * prior[0]) / (own + self.fallback.prior_weight)
 
     def depth(self, rows: torch.Tensor) -> torch.Tensor:
-        """LongTensor[R]: how many tokens to draft for each of ``rows`` if drafted (``depth_margin``)."""
+        """LongTensor[R]: how many tokens to draft for each of ``rows`` if drafted (``depth_margin``): γ for every
+        row where a whole block costs at most ``_PROBE_BUDGET`` of a one-token step more than the shallowest
+        depth (savings that small are not worth cutting a long match short)."""
         margin, gamma = self.fallback.depth_margin, self.max_draft_tokens
+        whole_block = torch.full((rows.numel(),), gamma, dtype=torch.long)
         if margin is None:
-            return torch.full((rows.numel(),), gamma, dtype=torch.long)
+            return whole_block
         # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
         margin = torch.where(self.own_steps[rows] % self.fallback.probe_after == 0, margin, 0)
         by_verified = (self.verify[rows] - 1e-9).ceil().long() + margin
-        return torch.where(self.observed[rows], by_verified.clamp(1, gamma), gamma)
+        depths = torch.where(self.observed[rows], by_verified.clamp(1, gamma), gamma)
+        count, block = rows.numel(), max(gamma, 1)
+        extra = self.cost_model.draft_time(count, block) - self.cost_model.draft_time(count, max(int(depths.min()), 1))
+        return whole_block if extra <= _PROBE_BUDGET * self.cost_model.step_time(count, 1) else depths
 
     def _due(self, rows: torch.Tensor) -> torch.Tensor:
         """BoolTensor[R]: the rows due a probe: never measured in this generation, or skipped for their wait."""
-        return ~self.measured[rows] | (self.skipped[rows] >= self.interval[rows])
+        return (self.own_steps[rows] == 0) | (self.skipped[rows] >= self.interval[rows])
 
     def _choice_key(self, rows: torch.Tensor) -> tuple:
         """The batch, the rows due a probe, the idle time and the prior's version: with the skipped rows'
@@ -485,7 +478,7 @@ class GoodputFallbackRun:
         weight = torch.maximum(1 / self.own_steps[index], torch.tensor(alpha, dtype=torch.float64))
         for estimate, value in ((self.gain, gains[drafted]), (self.verify, verify_lengths[drafted].double())):
             estimate[index] += weight * (value - estimate[index])
-        self.observed[index] = self.measured[index] = True
+        self.observed[index] = True
         self.skipped[index] = 0
         if index.numel() > 0:
             self.fallback.prior.update(self.band, rows.numel(), gains[drafted], verify_lengths[drafted], record.accepted[drafted])
