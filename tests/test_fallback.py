@@ -449,14 +449,17 @@ def test_a_row_whose_drafts_yield_less_than_predicted_stops_being_drafted_and_is
 
 
 def test_a_pass_after_skipped_steps_teaches_their_catch_up_which_then_prices_resuming():
-    """A pass that ends 4 skipped steps took 0.4 s over the drafting time: 0.1 s per skipped step. Three skipped
-    steps later resuming costs D + 0.3, so a row gaining 0.3 a step is not drafted, and is right after a drafted step."""
+    """Passes that end 4 and 2 skipped steps took 0.4 s and 0.2 s over the drafting time: 0.1 s per skipped step
+    (one pass alone teaches nothing yet). Three skipped steps later resuming costs D + 0.3, so a row gaining 0.3 a
+    step is not drafted, and is right after a drafted step."""
     run = GoodputFallback(smoothing=1.0, prior_weight=0.0).start(start(1), Costs(draft_row=0.1))
     run.observe(record([0], [True], [1], [1], draft_seconds=0.1))
-    for _ in range(4):
-        run.observe(record([0], [False], [0], [0], draft_seconds=0.0))
-    run.observe(record([0], [True], [1], [1], draft_seconds=0.5))
-    assert run.catch_up_seconds == pytest.approx(0.1) and run.resume_draft_time(1) == pytest.approx(0.1)
+    for skipped, teaches in ((4, None), (2, pytest.approx(0.1))):
+        for _ in range(skipped):
+            run.observe(record([0], [False], [0], [0], draft_seconds=0.0))
+        run.observe(record([0], [True], [1], [1], draft_seconds=0.1 + 0.1 * skipped))
+        assert run.catch_up_seconds == teaches
+    assert run.resume_draft_time(1) == pytest.approx(0.1)
     for _ in range(3):
         run.observe(record([0], [False], [0], [0], draft_seconds=0.0))
     assert run.resume_draft_time(1) == pytest.approx(0.4) and run.avoidable_draft_time(1) == pytest.approx(0.1)
@@ -468,26 +471,27 @@ def test_a_pass_after_skipped_steps_teaches_their_catch_up_which_then_prices_res
 
 
 def test_the_first_pass_teaches_what_reading_the_prompt_costs_per_row_and_column():
-    """A first pass over a 50-token prompt of 2 rows that took 0.1 s over D(2) teaches 0.001 s per row and column,
-    kept by the prior for the next generation; once read, the prompt adds nothing to later passes."""
+    """First passes over a 50-token prompt of 2 rows that took 0.1 s over D(2) teach 0.001 s per row and column
+    (from the second generation on: one pass may be a cold process's), kept by the prior for the next
+    generation; once read, the prompt adds nothing to later passes."""
     fallback = GoodputFallback(smoothing=1.0)
-    run = fallback.start(start(2, prompt_length=50), Costs(draft_row=0.1))
-    assert run.catch_up_seconds is None and run.resume_draft_time(2) == pytest.approx(0.2)
-    run.observe(record([0, 1], [True, True], [1, 1], [1, 1], draft_seconds=0.3))
-    assert fallback.prior.catch_up == pytest.approx(0.001) and run.resume_draft_time(2) == pytest.approx(0.2)
+    for teaches in (None, pytest.approx(0.001)):
+        run = fallback.start(start(2, prompt_length=50), Costs(draft_row=0.1))
+        assert run.resume_draft_time(2) == pytest.approx(0.2)
+        run.observe(record([0, 1], [True, True], [1, 1], [1, 1], draft_seconds=0.3))
+        assert fallback.prior.catch_up == teaches and run.resume_draft_time(2) == pytest.approx(0.2)
     later = fallback.start(start(2, prompt_length=50), Costs(draft_row=0.1))
     assert later.resume_draft_time(2) == pytest.approx(0.2 + 0.001 * 2 * 50 / 14)  # spread over the 14 steps left at most
     assert later.probe_draft_time(2) == pytest.approx(0.2 + 0.001 * 2 * 50)
 
 
-def test_the_catch_up_is_the_median_of_the_latest_rates_so_one_cold_pass_does_not_set_it():
-    """A first pass 50 times slower per column than the next two (a cold process) leaves the catch-up at their
-    rate; only the latest 15 rates count."""
+def test_the_catch_up_is_the_lower_median_of_the_latest_rates_so_one_cold_pass_does_not_set_it():
+    """A first pass 50 times slower per column than the next (a cold process) sets no catch-up alone, and with one
+    more rate leaves it at that rate; only the latest 15 rates count."""
     prior = GainPrior()
-    assert prior.catch_up is None
-    for rate in (0.05, 0.001, 0.001):
+    for rate, catch_up in ((0.05, None), (0.001, 0.001), (0.002, 0.002), (0.001, 0.001)):
         prior.remember_catch_up(rate)
-    assert prior.catch_up == 0.001
+        assert prior.catch_up == catch_up
     for _ in range(15):
         prior.remember_catch_up(0.002)
     assert prior.catch_up == 0.002
@@ -500,7 +504,8 @@ def test_a_probe_pays_for_reading_the_prompt_while_it_is_unread(prompt_length, p
     fallback = GoodputFallback(smoothing=1.0, probe_after=1)
     fallback.prior.update("greedy", 2, torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.long))
     fallback.prior.update("greedy", 2, torch.tensor([3.0]), torch.tensor([3]))
-    fallback.prior.remember_catch_up(0.02)
+    for _ in range(2):
+        fallback.prior.remember_catch_up(0.02)
     run = fallback.start(start(2, prompt_length=prompt_length), Costs(draft_row=0.3))
     rows, drafted = torch.tensor([0, 1]), []
     for _ in range(3):

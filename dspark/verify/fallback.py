@@ -25,10 +25,13 @@ its books), the least the run has measured on such steps (the least, because the
 reads the whole prompt's features), plus the catch-up: a drafter that reads target features lazily reads
 every column it has not read yet, for every row, in its next pass: the prompt's before its first pass,
 then one per step that drafted for no row. The seconds per row and unread column are learnt from the
-passes that end such runs: the median rate of the last ``_CATCH_UP_WINDOW`` such passes (``GainPrior.catch_up``,
-kept across generations, so that a generation knows what its prompt costs before its first pass). A median,
-because one pass can be far off: the process's first drafting pass touches every weight for the first time
-and can take several times a steady pass, and a pass after a few skipped steps divides its noise by few columns. A pass's D(k) carries the skipped steps' columns in full
+passes that end such runs: the lower median rate of the last ``_CATCH_UP_WINDOW`` such passes, none before two
+(``GainPrior.catch_up``, kept across generations, so that a generation knows what its prompt costs before its
+first pass). A median, because one pass can be far off: the process's first drafting pass touches every weight
+for the first time and can take many times a steady pass's rate, and a pass after a few skipped steps divides its
+noise by few columns. The lower one, and none from a single pass, because a rate too high can keep a row out of
+a whole generation (a probe priced at a cold pass's rate over even a short prompt can cost more than any gain
+pays for, and the prompt then stays unread), while one too low costs at most a probe. A pass's D(k) carries the skipped steps' columns in full
 and the prompt's spread over the steps the generation has left at most (its ingest is paid once for
 every later drafted step) (``GoodputFallbackRun.resume_draft_time``). A probe is judged without the
 skipped steps' columns, or a long run of skipped steps would keep every probe out, but with everything
@@ -223,9 +226,9 @@ class GainPrior:
 
     @property
     def catch_up(self) -> float | None:
-        """Seconds per row and unread feature column of the pass that reads them: the median of the latest
-        rates (module docstring), None before any."""
-        return statistics.median(self.catch_up_rates) if self.catch_up_rates else None
+        """Seconds per row and unread feature column of the pass that reads them: the lower median of the latest
+        rates (module docstring), None before two."""
+        return statistics.median_low(self.catch_up_rates) if len(self.catch_up_rates) > 1 else None
 
     def remember_catch_up(self, seconds: float) -> None:
         """Keep ``seconds`` per row and unread column (what a pass took over its steady cost) among the latest rates."""
