@@ -420,9 +420,9 @@ def test_a_row_is_drafted_a_whole_block_deep_where_the_deeper_tokens_cost_next_t
 
 
 def test_the_realised_ratio_is_accepted_over_expected_with_pseudo_tokens_and_a_discount():
-    """ρ starts at 1, is (accepted + 8) / (expected + 8) over the drafted rows, discounts older steps by 0.98 and
-    ignores updates without accepted counts."""
-    prior = GainPrior()
+    """ρ starts at 1, is (accepted + 8) / (expected + 8) over the drafted rows, discounts older steps by its
+    discount (0.98 here) and ignores updates without accepted counts."""
+    prior = GainPrior(realised_discount=0.98)
     assert prior.realised_ratio("greedy") == 1.0
     prior.update("greedy", 2, torch.tensor([2.0, 2.0]), torch.tensor([2, 2]), torch.tensor([1, 0]))
     assert prior.realised_ratio("greedy") == pytest.approx(9 / 12)
@@ -430,6 +430,29 @@ def test_the_realised_ratio_is_accepted_over_expected_with_pseudo_tokens_and_a_d
     prior.update("greedy", 2, torch.tensor([5.0]), torch.tensor([1]))
     assert prior.realised_ratio("greedy") == pytest.approx((0.98 * 1 + 1 + 8) / (0.98 * 4 + 1 + 8))
     assert prior.realised_ratio("sampling") == 1.0
+
+
+@pytest.mark.parametrize(("memory", "drafted"), [((0.05, 0.98), False), (None, True)])
+def test_one_prompt_that_accepts_nothing_does_not_price_the_next_prompts_rows_out(memory, drafted):
+    """After 150 drafted steps that accepted the 0.5 a step predicted, then 40 that accepted none of it, a new row
+    (first probed, then predicted 0.5 again) is drafted at its second step (D = 0.3, T = 1) with the default
+    memory (ρ over about 200 steps: 0.73), and skipped with ρ over about 50 steps (0.57)."""
+    prior = GainPrior() if memory is None else GainPrior(smoothing=memory[0], realised_discount=memory[1])
+    for step in range(190):
+        prior.update("greedy", 1, torch.tensor([0.5], dtype=torch.float64), torch.tensor([1]), torch.tensor([step % 2 if step < 150 else 0]))
+    run = GoodputFallback(prior=prior).start(start(1), Costs(draft_row=0.3))
+    rows = torch.tensor([0])
+    assert run.draft_rows(rows).tolist() != [0]
+    run.observe(record([0], [True], [1], [0], survival=torch.tensor([[0.5, 0.0, 0.0, 0.0]])))
+    assert (run.draft_rows(rows).tolist() != [0]) == drafted
+
+
+@pytest.mark.parametrize("argument", ["smoothing", "realised_discount"])
+@pytest.mark.parametrize("value", [0.0, 1.5, True, "0.1"])
+def test_the_prior_refuses_a_memory_outside_its_range(argument, value):
+    """smoothing and realised_discount must be numbers in (0, 1]; the error names the argument and the value."""
+    with pytest.raises(ValueError, match=f"{argument} must be a number in \\(0, 1\\], got {value!r}"):
+        GainPrior(**{argument: value})
 
 
 def test_a_row_whose_drafts_yield_less_than_predicted_stops_being_drafted_and_is_still_probed():

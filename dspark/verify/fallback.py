@@ -177,9 +177,6 @@ def _size_bucket(rows: int) -> int:
 _PROBE_BUDGET = 0.005
 #: Drafted rows a batch size and band must have seen before a ceiling that does not pay keeps probes out.
 _CEILING_EVIDENCE = 8
-#: Each drafting step's accepted and expected counts join ρ's sums after these are multiplied by this, so that
-#: ρ follows the last ~50 drafting steps (a drift of the prompts' kind) rather than every step ever.
-_REALISED_DISCOUNT = 0.98
 #: ρ = (accepted + this) / (expected + this): until some tokens were drafted, ρ stays near 1.
 _REALISED_PSEUDO_TOKENS = 8.0
 #: The catch-up rate is the median of the rates of this many latest passes that read unread columns.
@@ -192,10 +189,20 @@ class GainPrior:
     one ``GoodputFallback``: the smoothed gain g and verify length λ of drafted rows (a new row's first
     estimate), and the largest gain one row showed in a step, with its verify length (the probe ceiling);
     the probe interval its rows last reached; per sampling band, the realised ratio ρ of accepted tokens to
-    their expected count."""
+    their expected count.
 
-    def __init__(self, smoothing: float = 0.05):
-        self.smoothing = smoothing
+    ``smoothing``: the weight of each step's drafted rows in g and λ; ``realised_discount``: what ρ's sums are
+    multiplied by before each drafting step joins them. Both are slow, g over about 100 drafting steps and
+    ρ over about 200: at batch 1 these are two to four generations, so that they say what rows like a new
+    one gain rather than how the last prompt ended. With g over 20 steps and ρ over 50, one prompt where the
+    drafter did poorly left the next prompts' rows inheriting an estimate below break-even; skipped, those
+    rows barely updated it, and later generations drafted on few of their steps."""
+
+    def __init__(self, smoothing: float = 0.01, realised_discount: float = 0.995):
+        for name, value in (("smoothing", smoothing), ("realised_discount", realised_discount)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+        self.smoothing, self.realised_discount = smoothing, realised_discount
         self.estimates: dict[tuple[str, int], tuple[float, float]] = {}
         self.ceilings: dict[tuple[str, int], tuple[float, float]] = {}
         self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
@@ -245,8 +252,8 @@ class GainPrior:
         with ``accepted`` (the rows' accepted counts n_r), add them and the expected ``gains`` to ρ's sums."""
         if accepted is not None:
             realised, expected = self.realised.get(band, (0.0, 0.0))
-            self.realised[band] = (_REALISED_DISCOUNT * realised + float(accepted.double().sum()),
-                                   _REALISED_DISCOUNT * expected + float(gains.double().sum()))
+            self.realised[band] = (self.realised_discount * realised + float(accepted.double().sum()),
+                                   self.realised_discount * expected + float(gains.double().sum()))
         observed = (float(gains.double().mean()), float(verify_lengths.double().mean()))
         self.version += 1
         key = (band, _size_bucket(rows))
