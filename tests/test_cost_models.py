@@ -4,6 +4,7 @@ cache), roofline, online correction, and SGLang's SPS table format."""
 import json
 import math
 
+import attrs
 import pytest
 import torch
 from hypothesis import given, settings
@@ -518,6 +519,24 @@ def test_online_correction_converges_to_observed_times():
     assert model.step_time(4, 3) == pytest.approx(0.2, rel=0.01)
     assert model.step_correction(4, 3) == pytest.approx(2.0, rel=0.01)
     assert model.step_time(1, 1) == pytest.approx(0.2, rel=0.01)  # unobserved cells follow the global correction
+
+
+def test_online_correction_learns_greedy_and_sampled_generations_apart():
+    """Steps of sampled generations observed at twice the base's time correct sampled generations only: a greedy
+    generation starts from the base, and the sampled correction is back when a sampled generation starts again."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.5)
+    greedy = GenerationStart(rows=1, device=torch.device("cpu"), max_draft_tokens=3, max_length=8, sampling=SamplingConfig())
+    sampled = attrs.evolve(greedy, sampling=SamplingConfig(do_sample=True, temperature=1.0))
+    model.start(sampled)
+    for _ in range(30):
+        model.observe_step(1, 2, 0.2)
+    assert model.step_time(1, 2) == pytest.approx(0.2)
+    model.start(greedy)
+    assert model.step_time(1, 2) == 0.1 and model.step_correction(1, 2) == 1.0
+    model.start(sampled)
+    assert model.step_time(1, 2) == pytest.approx(0.2)
+    with pytest.raises(TypeError, match="generation must be a GenerationStart"):
+        model.start("greedy")
 
 
 def test_online_correction_is_per_cell_and_stays_monotone():

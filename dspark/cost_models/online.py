@@ -1,5 +1,8 @@
 """A cost model that learns, while generating, how far another one is off on this machine.
 
+It keeps two sets of what follows, one learnt from greedy generations and one from sampled ones, and a
+generation's ``start`` picks the one its sampling needs: a sampled step does more around the same forward.
+
 Notation: t₀(R, T) and d₀(R, k) are the wrapped (base) model's step and drafting times for R rows of
 T new tokens, and of k drafted tokens (the drafting surface has depth k where the step surface has T;
 what follows says T for both); a cell is a pair (bucket(R), bucket(T)) with ``bucket(n)`` = n up to 16, else the
@@ -192,21 +195,33 @@ class OnlineCorrectedCostModel:
         self._forget()
 
     def _forget(self) -> None:
-        """Start learning afresh: no cell observed, the base's answers not yet read."""
-        self._steps = _CorrectedSurface(self.base.step_time, self.smoothing)
-        self._drafts = _CorrectedSurface(self.base.draft_time, self.smoothing)
+        """Start learning afresh: no cell observed, the base's answers not yet read (for greedy and sampled steps)."""
+        self._surfaces: dict[bool, tuple[_CorrectedSurface, _CorrectedSurface]] = {}
+        self._learn_for(sampled=False)
+
+    def _learn_for(self, sampled: bool) -> None:
+        """Answer from, and learn into, the corrections of greedy or of sampled generations: a sampled step also
+        warps the target's and the drafter's distributions over the vocabulary for every verified or drafted
+        position, so greedy steps' corrections would price its wider forwards and deeper passes too low."""
+        if sampled not in self._surfaces:
+            self._surfaces[sampled] = (_CorrectedSurface(self.base.step_time, self.smoothing), _CorrectedSurface(self.base.draft_time, self.smoothing))
+        self._steps, self._drafts = self._surfaces[sampled]
 
     def __repr__(self) -> str:
         return f"OnlineCorrectedCostModel({self.base!r}, smoothing={self.smoothing})"
 
     def start(self, generation: GenerationStart) -> bool:
         """Forward a generation's start to the base's optional ``start`` hook; when the base says its answers
-        changed (another profiled table), forget what was learnt, which corrected the old answers. Returns
+        changed (another profiled table), forget what was learnt, which corrected the old answers. Then use the
+        corrections of greedy or of sampled generations, by the generation's sampling (``_learn_for``). Returns
         the base's answer (False for a base without the hook)."""
+        if not isinstance(generation, GenerationStart):
+            raise TypeError(f"generation must be a GenerationStart, got {generation!r}")
         start = hook(self.base, "start", COST_MODEL_HOOKS)
         changed = bool(start(generation)) if start is not None else False
         if changed:
             self._forget()
+        self._learn_for(sampled=bool(generation.sampling.do_sample))
         return changed
 
     def observe_step(self, rows: int, tokens: int, seconds: float) -> None:
