@@ -354,7 +354,7 @@ def test_a_choice_to_draft_nothing_stands_until_what_it_read_changes():
     assert step() == [False, False]  # this step also learns the idle time
     fallback.calls.clear()
     assert [step() for _ in range(3)] == [[False, False]] * 3 and len(fallback.calls) == 1
-    fallback.prior.update("greedy", 2, torch.tensor([5.0]), torch.tensor([1]))
+    fallback.prior.update("greedy", 2, torch.tensor([0.5]), torch.tensor([1]))
     assert [step() for _ in range(3)] == [[False, False]] * 3 and len(fallback.calls) == 2
     # due after 8 skipped steps, and a probe could now pay
     assert [step() for _ in range(2)] == [[False, False], [True, True]] and len(fallback.calls) >= 3
@@ -430,6 +430,20 @@ def test_the_realised_ratio_is_accepted_over_expected_with_pseudo_tokens_and_a_d
     prior.update("greedy", 2, torch.tensor([5.0]), torch.tensor([1]))
     assert prior.realised_ratio("greedy") == pytest.approx((0.98 * 1 + 1 + 8) / (0.98 * 4 + 1 + 8))
     assert prior.realised_ratio("sampling") == 1.0
+
+
+def test_the_priors_gain_is_the_mean_of_its_first_steps_then_smoothed():
+    """With smoothing 0.25 the prior's (g, λ) is the mean of the first 4 steps at a batch size, then moves a quarter of
+    the way to each new step; with the default 0.01, one first step of gain 1 followed by 20 of gain 0 leaves the
+    mean 1/21, not a first step that still weighs 0.99^20."""
+    prior = GainPrior(smoothing=0.25)
+    for gain, expected in ((1.0, 1.0), (0.0, 0.5), (0.5, 0.5), (0.5, 0.5), (1.0, 0.625)):
+        prior.update("greedy", 2, torch.tensor([gain], dtype=torch.float64), torch.tensor([1]))
+        assert prior.get("greedy", 2) == pytest.approx((expected, 1.0))
+    prior = GainPrior()
+    for gain in [1.0] + [0.0] * 20:
+        prior.update("greedy", 16, torch.tensor([gain], dtype=torch.float64), torch.tensor([1]))
+    assert prior.get("greedy", 16)[0] == pytest.approx(1 / 21)
 
 
 @pytest.mark.parametrize(("memory", "drafted"), [((0.05, 0.98), False), (None, True)])
@@ -525,8 +539,9 @@ def test_a_probe_pays_for_reading_the_prompt_while_it_is_unread(prompt_length, p
     """With a ceiling that pays for a row's drafting (gain 3, D = 0.3, T = 1), skipped rows are probed after a
     5-token prompt but not after a 60-token one whose reading (0.02 s per row and column) no gain pays for."""
     fallback = GoodputFallback(smoothing=1.0, probe_after=1)
-    fallback.prior.update("greedy", 2, torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.long))
-    fallback.prior.update("greedy", 2, torch.tensor([3.0]), torch.tensor([3]))
+    for _ in range(20):
+        fallback.prior.update("greedy", 2, torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.long))
+    fallback.prior.update("greedy", 2, torch.tensor([3.0]), torch.tensor([3]))  # g = 3 / 21, ceiling 3
     for _ in range(2):
         fallback.prior.remember_catch_up(0.02)
     run = fallback.start(start(2, prompt_length=prompt_length), Costs(draft_row=0.3))

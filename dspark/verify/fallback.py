@@ -13,7 +13,7 @@ estimate that has just fallen below what drafting costs overstates how far: the 
 towards what rows like it gain, so a choice on the raw g_r skips steps whose drafting pays, most where
 the average row is near break-even (batch 1); where drafting pays for no row (under load, ḡ near 0)
 the pull only keeps rows out sooner; ρ the realised ratio, accepted tokens over their expected
-count Σ a over every drafted row so far (``GainPrior.realised_ratio``), which scales every g_r when the
+count Σ a over the drafted rows of about the last 200 drafting steps (``GainPrior.realised_ratio``), which scales every g_r when the
 choice is made: the scheduler verifies the prefixes the estimator rates highest, and a calibration
 fitted on other prompts can overstate what exactly those yield, by a steady factor, while a drafting
 decision is taken on the margin (ρ does not scale the probe ceiling below: a probe is what measures
@@ -179,7 +179,7 @@ _PROBE_BUDGET = 0.005
 _CEILING_EVIDENCE = 8
 #: ρ = (accepted + this) / (expected + this): until some tokens were drafted, ρ stays near 1.
 _REALISED_PSEUDO_TOKENS = 8.0
-#: The catch-up rate is the median of the rates of this many latest passes that read unread columns.
+#: The catch-up rate is the lower median of the rates of this many latest passes that read unread columns.
 _CATCH_UP_WINDOW = 15
 
 
@@ -191,7 +191,8 @@ class GainPrior:
     the probe interval its rows last reached; per sampling band, the realised ratio ρ of accepted tokens to
     their expected count.
 
-    ``smoothing``: the weight of each step's drafted rows in g and λ; ``realised_discount``: what ρ's sums are
+    ``smoothing``: the weight of each step's drafted rows in g and λ (their mean over the first 1/``smoothing``
+    steps at a batch size and band, then exponential smoothing); ``realised_discount``: what ρ's sums are
     multiplied by before each drafting step joins them. Both are slow, g over about 100 drafting steps and
     ρ over about 200: at batch 1 these are two to four generations, so that they say what rows like a new
     one gain rather than how the last prompt ended. With g over 20 steps and ρ over 50, one prompt where the
@@ -208,6 +209,7 @@ class GainPrior:
         self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
         self.intervals: dict[tuple[str, int], int] = {}
         self.drafted: dict[tuple[str, int], int] = {}  # drafted rows observed per key: the ceiling's evidence
+        self.updates: dict[tuple[str, int], int] = {}  # steps with drafted rows observed per key
         self.catch_up_rates: collections.deque[float] = collections.deque(maxlen=_CATCH_UP_WINDOW)
         self.version = 0  # counts updates, so that a run can tell the prior has changed
 
@@ -258,8 +260,12 @@ class GainPrior:
         self.version += 1
         key = (band, _size_bucket(rows))
         self.drafted[key] = self.drafted.get(key, 0) + gains.numel()
-        known = self.estimates.get(key)
-        self.estimates[key] = observed if known is None else tuple(old + self.smoothing * (new - old) for old, new in zip(known, observed))
+        self.updates[key] = self.updates.get(key, 0) + 1
+        # The mean of the first 1/smoothing steps, then exponential smoothing: with a long memory, smoothing from
+        # the first step would keep that one step's outcome in the estimate for a hundred more.
+        weight = max(1 / self.updates[key], self.smoothing)
+        known = self.estimates.get(key, observed)
+        self.estimates[key] = tuple(old + weight * (new - old) for old, new in zip(known, observed))
         best = int(gains.argmax())
         if key not in self.ceilings or float(gains[best]) > self.ceilings[key][0]:
             self.ceilings[key] = (float(gains[best]), float(verify_lengths[best]))
