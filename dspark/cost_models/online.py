@@ -261,7 +261,8 @@ class OnlineCorrectedCostModel:
         return self._steps.correction((row_bucket(rows), row_bucket(tokens)))
 
     def report(self) -> dict:
-        """What has been learnt: the global step and drafting corrections and how many cells were observed."""
+        """What has been learnt for the kind of generation last started (greedy or sampled): the global step and
+        drafting corrections and how many cells were observed."""
         return {
             "step_correction": self._steps.overall.ratio,
             "draft_correction": self._drafts.overall.ratio,
