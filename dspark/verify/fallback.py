@@ -169,6 +169,14 @@ def best_drafted_rows(
     return chosen
 
 
+def _new_step_weight(steps, smoothing: float):
+    """The weight of the newest of ``steps`` observations (an int, or a DoubleTensor of counts) in an estimate that is
+    their mean while they are fewer than 1/``smoothing``, then exponential smoothing by ``smoothing``."""
+    if isinstance(steps, torch.Tensor):
+        return (1 / steps).clamp_min(smoothing)
+    return max(1 / steps, smoothing)
+
+
 def _size_bucket(rows: int) -> int:
     return 1 << max(rows - 1, 0).bit_length()
 
@@ -261,9 +269,8 @@ class GainPrior:
         key = (band, _size_bucket(rows))
         self.drafted[key] = self.drafted.get(key, 0) + gains.numel()
         self.updates[key] = self.updates.get(key, 0) + 1
-        # The mean of the first 1/smoothing steps, then exponential smoothing: with a long memory, smoothing from
-        # the first step would keep that one step's outcome in the estimate for a hundred more.
-        weight = max(1 / self.updates[key], self.smoothing)
+        # With a long memory, smoothing from the first step would keep that one step's outcome for a hundred more.
+        weight = _new_step_weight(self.updates[key], self.smoothing)
         known = self.estimates.get(key, observed)
         self.estimates[key] = tuple(old + weight * (new - old) for old, new in zip(known, observed))
         best = int(gains.argmax())
@@ -490,8 +497,7 @@ class GoodputFallbackRun:
             self.unread_prompt_columns = self.skipped_steps = 0
         gains = verified_gain(record)
         self.own_steps[index] += 1
-        # The mean of the row's own steps while they are fewer than 1/α, then exponential smoothing by α.
-        weight = torch.maximum(1 / self.own_steps[index], torch.tensor(alpha, dtype=torch.float64))
+        weight = _new_step_weight(self.own_steps[index], alpha)
         for estimate, value in ((self.gain, gains[drafted]), (self.verify, verify_lengths[drafted].double())):
             estimate[index] += weight * (value - estimate[index])
         self.observed[index] = True
