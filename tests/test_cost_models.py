@@ -628,6 +628,21 @@ def test_unobserved_wider_cells_keep_the_profiles_shape():
     assert [model.step_time(1, tokens) for tokens in (2, 4, 8)] == pytest.approx([base.step_time(1, tokens) for tokens in (2, 4, 8)])
 
 
+def test_an_unobserved_one_token_cell_never_takes_a_global_ratio_above_its_wider_cells():
+    """A batch size observed only at width 2 prices its one-token step by the smaller of g and width 2's ratio, so
+    dearer steps elsewhere cannot make drafting look cheap there; once observed, the cell's own ratio is used."""
+    base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.125, 0.139))))
+    model = OnlineCorrectedCostModel(base, smoothing=1.0)  # with smoothing 1, g and a cell's k are the last ratio
+    model.observe_step(16, 2, 0.139 * 1.2)
+    model.observe_step(1, 1, 0.030 * 1.25)
+    assert model.report()["step_correction"] == pytest.approx(1.25)
+    assert model.step_correction(16, 1) == pytest.approx(1.2)
+    assert model.step_time(16, 1) == pytest.approx(0.125 * 1.2)  # g would give 0.156
+    assert model.step_correction(16, 3) == pytest.approx(1.2)  # a wider one still follows its narrower cell
+    model.observe_step(16, 1, 0.125 * 1.1)
+    assert model.step_correction(16, 1) == pytest.approx(1.1) and model.step_time(16, 1) == pytest.approx(0.125 * 1.1)
+
+
 def test_online_correction_memory_is_bounded():
     """Rows and tokens share power-of-two buckets above 16, so thousands of distinct batches fill few cells."""
     model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1))

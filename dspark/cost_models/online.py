@@ -15,9 +15,14 @@ process, a drafter's first pass that also reads the whole prompt) moves a correc
 factor 1 + α, where unbounded it could multiply it many times over and make drafting look too dear
 to ever try again, while a lasting change is still followed, by up to 1 + α per step. The corrected
 time of a point in a cell is h = t₀(R, T)·k; a cell never observed takes the k of the widest
-observed cell of its row bucket with fewer tokens, else g: the profile's shape along tokens is kept
-where nothing says otherwise (a per-row fixed overhead makes narrow cells' k larger, and giving wider
-cells g would flatten the curve, making extra tokens look free). Where the base predicts 0 (a cost
+observed cell of its row bucket with fewer tokens: the profile's shape along tokens is kept where nothing
+says otherwise (a per-row fixed overhead makes narrow cells' k larger, and giving wider cells g would
+flatten the curve, making extra tokens look free). With no such cell it takes the smaller of g and the
+k of the narrowest observed cell of its row bucket with more tokens: such a cell is typically the
+one-token step of a batch size whose every step has verified drafts, and only a choice not to draft
+would observe it, so a k too high (g pulled up by wider, dearer steps elsewhere) would make drafting
+look cheaper than it is and never be corrected, while a k too low makes skipping look cheap, which the
+skipped steps then measure. With no observed cell in its row bucket it takes g. Where the base predicts 0 (a cost
 model that knows no drafting time), a cell instead smooths the observed seconds themselves (bounded
 the same way); an unobserved one takes the seconds of the widest observed cell of its row bucket with
 fewer tokens, else of the narrowest with more (a shallow pass is not charged the average of deeper
@@ -150,12 +155,17 @@ class _CorrectedSurface:
         return self.overall.seconds if self.overall.seconds is not None else 0.0
 
     def correction(self, key: tuple[int, int]) -> float:
-        """The k of cell ``key``: its own, else that of the widest observed cell of its row bucket with fewer tokens, else g."""
+        """The k of cell ``key``: its own, else that of the widest observed cell of its row bucket with fewer tokens,
+        else the smaller of g and that of the narrowest with more, else g (module docstring)."""
         cell = self.cells.get(key)
         if cell is not None and cell.ratio is not None:
             return cell.ratio
-        narrower, _ = _neighbours(self._ratio_tokens.get(key[0], []), key[1])
-        return self.overall.ratio if narrower is None else self.cells[(key[0], narrower)].ratio
+        narrower, wider = _neighbours(self._ratio_tokens.get(key[0], []), key[1])
+        if narrower is not None:
+            return self.cells[(key[0], narrower)].ratio
+        if wider is not None:
+            return min(self.overall.ratio, self.cells[(key[0], wider)].ratio)
+        return self.overall.ratio
 
     def __call__(self, rows: int, tokens: int) -> float:
         answer = self._answers.get((rows, tokens))
@@ -255,7 +265,8 @@ class OnlineCorrectedCostModel:
 
     def step_correction(self, rows: int, tokens: int) -> float:
         """The correction k applied to the cell holding (``rows``, ``tokens``): its own, else that of the widest
-        observed cell of its row bucket with fewer tokens, else the global one g (module docstring)."""
+        observed cell of its row bucket with fewer tokens, else the smaller of the global one g and that of the
+        narrowest with more, else g (module docstring)."""
         check_int("rows", rows, 1)
         check_int("tokens", tokens, 1)
         return self._steps.correction((row_bucket(rows), row_bucket(tokens)))
