@@ -28,14 +28,18 @@ from dspark.verify.acceptance import greedy_accept, rejection_sample
 from dspark.verify.fallback import draft_depths
 from dspark.verify.warping import warped_probs
 
-__all__ = ["LoopSpec", "run_generation"]
+__all__ = ["PREFILL_CHUNK_TOKENS", "LoopSpec", "run_generation"]
+
+#: The prompt's prefill reads at most about this many tokens (rows × columns) per target forward (``_prefill``).
+PREFILL_CHUNK_TOKENS = 4096
 
 
 @attrs.frozen
 class LoopSpec:
     """Everything a generation needs besides the prompt, validated by the caller. ``draft_caps``: each
     request's cap on its verify length (LongTensor[B], None: no cap); ``priority``: each request's
-    weight w_r > 0 (FloatTensor[B], None: all 1)."""
+    weight w_r > 0 (FloatTensor[B], None: all 1); ``prefill_chunk_tokens``: the prefill's tokens per forward
+    (``_prefill``)."""
 
     target: torch.nn.Module
     strategy: Strategy
@@ -49,6 +53,7 @@ class LoopSpec:
     fast_path: FastPath | None = None
     draft_caps: torch.Tensor | None = None
     priority: torch.Tensor | None = None
+    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS
 
     def forward_mode(self):
         """The block in which dspark's own forwards (target and drafter) run: the fast path when set."""
@@ -71,6 +76,24 @@ def _target_forward(
         outputs = spec.target(input_ids=tokens, output_hidden_states=bool(layers), **inputs)
     features = torch.cat([outputs.hidden_states[layer] for layer in layers], dim=-1).to(tokens.device) if layers else None
     return outputs.logits[:, -keep:].float().to(tokens.device), features
+
+
+def _prefill(spec: LoopSpec, prompt: torch.Tensor, cache: RaggedCache, mask: torch.Tensor) -> torch.Tensor | None:
+    """Step 0: the target reads ``prompt`` [R, P] into the cache, ``max(1, prefill_chunk_tokens // R)`` columns per
+    forward, and returns the features of every column (None when the drafter reads none). In chunks, because a
+    forward that returns hidden states keeps every layer's for all its tokens alive until it ends, and attention
+    under an explicit mask computes the whole square of a forward's columns where chunks compute about half of it
+    (docs: fast_path.rst, "The prompt: read in chunks")."""
+    rows, width = prompt.shape
+    columns = max(1, spec.prefill_chunk_tokens // max(rows, 1))
+    features = []
+    for start in range(0, width, columns):
+        chunk_mask = mask[:, start : start + columns]
+        _, chunk_features = _target_forward(spec, prompt[:, start : start + columns], cache, chunk_mask, keep=1)
+        cache.commit(chunk_mask)
+        if chunk_features is not None:
+            features.append(chunk_features)
+    return torch.cat(features, dim=1) if features else None
 
 
 def _emitted_block(draft_tokens: torch.Tensor, accepted: torch.Tensor, next_tokens: torch.Tensor, width: int) -> torch.Tensor:
@@ -174,8 +197,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     # 0. Prefill: the target consumes the prompt except its last token, which is the first anchor.
     features, feature_mask = None, attention_mask[:, :-1]
     if prompt_length > 1:
-        _, features = _target_forward(spec, input_ids[:, :-1], cache, feature_mask, keep=1)
-        cache.commit(feature_mask)
+        features = _prefill(spec, input_ids[:, :-1], cache, feature_mask)
     if spec.max_new_tokens == 0:
         rows = rows[:0]
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from dspark.checks import check_int
 from dspark.cost_models.auto import BASE_ROWS
 from dspark.fast_path import FastPath, on_cpu
 from dspark.kv import check_cache_support
-from dspark.loop import LoopSpec, run_generation
+from dspark.loop import PREFILL_CHUNK_TOKENS, LoopSpec, run_generation
 from dspark.protocols import DRAFTER_HOOKS, POLICY_HOOKS, ConfidenceEstimator, CostModel, Drafter, VerifyPolicy, check_hooks, drafter_modules, hook
 from dspark.stats import GenerationResult
 from dspark.strategy import Strategy, check_max_draft_tokens
@@ -87,6 +88,7 @@ class SpeculativeModel:
         pad_token_id: int | None = None,
         max_draft_tokens_per_row=None,
         priority=None,
+        prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS,
     ) -> GenerationResult:
         """Generate like ``model.generate``: greedy output equals the target's greedy output token for token,
         sampled output follows the target's warped distribution exactly.
@@ -102,12 +104,17 @@ class SpeculativeModel:
         ``priority`` weights the row's tokens (w_r > 0) in policies that read it, such as the
         hardware-aware scheduler, which then spends verification on high-priority rows first. Neither
         changes any row's output.
+
+        ``prefill_chunk_tokens``: the prompt is read in forwards of at most about this many tokens (rows ×
+        columns; at least one column each), which bounds the memory of the hidden states a drafter reads and
+        saves attention work on long batched prompts.
         """
         input_ids, attention_mask = check_prompt(input_ids, attention_mask, self.vocab_size)
         rows = input_ids.shape[0]
         draft_caps = check_row_values("max_draft_tokens_per_row", max_draft_tokens_per_row, rows, input_ids.device, integer=True)
         priority = check_row_values("priority", priority, rows, input_ids.device, integer=False)
         max_new_tokens = check_max_new_tokens(max_new_tokens)
+        prefill_chunk_tokens = check_int("prefill_chunk_tokens", prefill_chunk_tokens, 1)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         check_generator(generator, input_ids.device)
         if streamer is not None and input_ids.shape[0] != 1:
@@ -141,6 +148,7 @@ class SpeculativeModel:
             fast_path=self.fast_path,
             draft_caps=draft_caps,
             priority=priority,
+            prefill_chunk_tokens=prefill_chunk_tokens,
         )
         return run_generation(spec, input_ids, attention_mask)
 

@@ -38,7 +38,10 @@ class Strategy:
 
     @property
     def target_layers(self) -> tuple[int, ...]:
-        """Indices into the target's ``hidden_states`` the drafter reads (empty: no features needed)."""
+        """Indices into the target's ``hidden_states`` the drafter reads (empty: no features needed, as when
+        ``max_draft_tokens`` is 0: the drafter is never asked to propose, so plain decoding pays for no hidden states)."""
+        if self.max_draft_tokens == 0:
+            return ()
         return tuple(hook(self.drafter, "target_layers", DRAFTER_HOOKS))
 
     def __attrs_post_init__(self):

@@ -30,14 +30,32 @@ def _name(model) -> str:
 
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
 def test_greedy_equals_hf_generate_on_mixed_length_batches(architecture):
-    """Every drafter and policy reproduces model.generate(do_sample=False) token for token, row by row."""
+    """Every drafter and policy reproduces model.generate(do_sample=False) token for token, row by row, with the prompt
+    read in one forward or in chunks of 3 columns (12 tokens over 4 rows: 4 chunks for the 11 prefilled columns)."""
     target = build_model(architecture)
     input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS)
     expected = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=24, do_sample=False)
     for label, arguments in _strategies(target):
         drafter = arguments.pop("drafter")
-        result = dspark.wrap(target, drafter, **arguments).generate(input_ids, attention_mask=attention_mask, max_new_tokens=24)
-        assert torch.equal(result.sequences, expected), label
+        model = dspark.wrap(target, drafter, **arguments)
+        for chunk in (dspark.loop.PREFILL_CHUNK_TOKENS, 12):
+            result = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=24, prefill_chunk_tokens=chunk)
+            assert torch.equal(result.sequences, expected), (label, chunk)
+
+
+@pytest.mark.parametrize("prefill_chunk_tokens, widths", [(12, [3, 3, 3, 2]), (5, [1] * 11), (44, [11]), (4096, [11])])
+def test_the_prompt_is_read_in_forwards_of_at_most_the_chunks_columns(llama, prefill_chunk_tokens, widths):
+    """Four rows' 11 prefilled columns take forwards of max(1, prefill_chunk_tokens // 4) columns, then one per step."""
+    input_ids, attention_mask = left_padded_batch(PROMPT_LENGTHS)
+    seen = []
+    handle = llama.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        dspark.wrap(llama, PromptLookupDrafter(), policy=FixedLength(0)).generate(
+            input_ids, attention_mask=attention_mask, max_new_tokens=3, eos_token_id=[], prefill_chunk_tokens=prefill_chunk_tokens
+        )
+    finally:
+        handle.remove()
+    assert seen == widths + [1, 1, 1]
 
 
 def test_self_drafting_accepts_every_token(llama):
@@ -148,11 +166,15 @@ class FeatureRecordingDrafter(PromptLookupDrafter):
         return super().propose(context, max_draft_tokens)
 
 
-def test_target_features_of_committed_tokens_match_a_clean_forward(llama):
-    """Drafters with target_layers get the hidden states of exactly the committed tokens, in order."""
+@pytest.mark.parametrize("prefill_chunk_tokens", [4096, 3, 1])
+def test_target_features_of_committed_tokens_match_a_clean_forward(llama, prefill_chunk_tokens):
+    """Drafters with target_layers get the hidden states of exactly the committed tokens, in order, however many
+    forwards the prompt was read in (one; one column each, as 3 or 1 tokens over 3 rows both give)."""
     input_ids, attention_mask = left_padded_batch([6, 11, 4], seed=2)
     drafter = FeatureRecordingDrafter(max_ngram=2, min_ngram=1)
-    result = dspark.wrap(llama, drafter, max_draft_tokens=3).generate(input_ids, attention_mask=attention_mask, max_new_tokens=20, eos_token_id=[])
+    result = dspark.wrap(llama, drafter, max_draft_tokens=3).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=20, eos_token_id=[], prefill_chunk_tokens=prefill_chunk_tokens
+    )
     for row in range(3):
         tokens = result.sequences[row][attention_mask[row].bool().tolist() + [True] * 20]
         with torch.inference_mode():
@@ -161,6 +183,22 @@ def test_target_features_of_committed_tokens_match_a_clean_forward(llama):
         seen = drafter.seen[row]
         assert seen.shape[0] >= int(attention_mask[row].sum()) - 1 + 10
         assert torch.allclose(seen, clean[: seen.shape[0]], atol=1e-4)
+
+
+@pytest.mark.parametrize("max_draft_tokens, hidden_states", [(0, False), (3, True)])
+def test_hidden_states_are_asked_for_only_when_the_drafter_can_be_asked_to_propose(llama, max_draft_tokens, hidden_states):
+    """With max_draft_tokens 0 (plain decoding) no forward returns hidden states, though the drafter reads features."""
+    input_ids, attention_mask = left_padded_batch([6, 11, 4], seed=2)
+    asked = []
+    handle = llama.register_forward_pre_hook(lambda module, args, kwargs: asked.append(kwargs["output_hidden_states"]), with_kwargs=True)
+    try:
+        policy = FixedLength(max_draft_tokens)
+        dspark.wrap(llama, FeatureRecordingDrafter(), policy=policy, max_draft_tokens=max_draft_tokens).generate(
+            input_ids, attention_mask=attention_mask, max_new_tokens=4, eos_token_id=[]
+        )
+    finally:
+        handle.remove()
+    assert asked and set(asked) == {hidden_states}
 
 
 class OverlongDrafter(PromptLookupDrafter):

@@ -74,6 +74,8 @@ BAD_INPUTS = [
     ({"generator": 42}, TypeError, "generator"),
     ({"input_ids": torch.tensor([[1, 2, 3], [4, 5, 6]]), "streamer": object()}, ValueError, "streamer"),
     ({"input_ids": torch.ones((1, 2100), dtype=torch.long)}, ValueError, "context"),
+    ({"prefill_chunk_tokens": 0}, ValueError, "prefill_chunk_tokens"),
+    ({"prefill_chunk_tokens": 64.0}, TypeError, "prefill_chunk_tokens"),
 ]
 
 
