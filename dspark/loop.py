@@ -266,8 +266,11 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
                 drafted_for=torch.full((rows.numel(),), max_draft_tokens > 0) if drafting is None else drafting & (max_draft_tokens > 0),
             )
         )
-        # The cost model learns what this step's forward and drafting actually took.
-        if observe_step is not None:
+        # The cost model learns what this step's forward and drafting actually took; not from the first step, whose
+        # forward also pays for what the prefill left (the cache's buffers, filled by the prompt, grow: a copy of the
+        # whole cache), and one such step in a cell observed rarely (a batch's one-token step, where it mostly drafts)
+        # would price every later skip too high.
+        if observe_step is not None and step > 0:
             observe_step(rows.numel(), width, verified - drafted)
         # Only a pass that followed a drafting pass teaches the drafting time: one that follows steps with no
         # drafting (or the prefill, at step 0) also reads every feature column committed since, a cost of

@@ -511,14 +511,19 @@ def test_auto_profiled_model_refuses_bad_arguments(target, tmp_path):
 
 
 def test_online_correction_converges_to_observed_times():
-    """Steps observed at twice the base's time pull that cell's prediction to within 1% of the observation."""
+    """Steps observed at twice the base's time pull that cell's prediction to within 1% of the observation; an unobserved
+    step cell follows a narrower observed one, else stays at the profile, and an unobserved drafting cell follows g."""
     model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.1)
     assert isinstance(model, CostModel) and model.step_time(4, 3) == 0.1
     for _ in range(60):
         model.observe_step(4, 3, 0.2)
     assert model.step_time(4, 3) == pytest.approx(0.2, rel=0.01)
     assert model.step_correction(4, 3) == pytest.approx(2.0, rel=0.01)
-    assert model.step_time(1, 1) == pytest.approx(0.2, rel=0.01)  # unobserved cells follow the global correction
+    assert model.step_time(4, 5) == pytest.approx(0.2, rel=0.01)  # a wider unobserved cell follows its narrower one
+    assert model.step_time(1, 1) == 0.1  # an unobserved cell with none narrower stays at the profile until observed
+    drafting = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.004), smoothing=1.0)
+    drafting.observe_draft(4, 0.008, 1)
+    assert drafting.draft_time(1, 1) == pytest.approx(0.008)  # a drafting cell follows g: only drafting would observe it
 
 
 def test_online_correction_learns_greedy_and_sampled_generations_apart():
@@ -628,19 +633,37 @@ def test_unobserved_wider_cells_keep_the_profiles_shape():
     assert [model.step_time(1, tokens) for tokens in (2, 4, 8)] == pytest.approx([base.step_time(1, tokens) for tokens in (2, 4, 8)])
 
 
-def test_an_unobserved_one_token_cell_never_takes_a_global_ratio_above_its_wider_cells():
-    """A batch size observed only at width 2 prices its one-token step by the smaller of g and width 2's ratio, so
-    dearer steps elsewhere cannot make drafting look cheap there; once observed, the cell's own ratio is used."""
+def test_an_unobserved_one_token_cell_is_priced_by_the_profile_not_by_dearer_wider_steps():
+    """A batch size observed only at width 2 prices its one-token step by the least of 1, g and width 2's ratio: dearer
+    wider steps cannot make drafting look cheap there, a faster machine still lowers it, and once observed the
+    cell's own ratio is used."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.125, 0.139))))
     model = OnlineCorrectedCostModel(base, smoothing=1.0)  # with smoothing 1, g and a cell's k are the last ratio
     model.observe_step(16, 2, 0.139 * 1.2)
     model.observe_step(1, 1, 0.030 * 1.25)
     assert model.report()["step_correction"] == pytest.approx(1.25)
-    assert model.step_correction(16, 1) == pytest.approx(1.2)
-    assert model.step_time(16, 1) == pytest.approx(0.125 * 1.2)  # g would give 0.156
+    assert model.step_correction(16, 1) == pytest.approx(1.0)
+    assert model.step_time(16, 1) == pytest.approx(0.125)  # k = 1.2 or g would price it higher
+    assert model.step_time(15, 1) == pytest.approx(0.030 + (0.125 - 0.030) * 14 / 15)  # no cell of 15 rows observed: the profile
     assert model.step_correction(16, 3) == pytest.approx(1.2)  # a wider one still follows its narrower cell
+    model.observe_step(16, 2, 0.139 * 0.8)  # faster than profiled: g = k(16, 2) = 0.8
+    assert model.step_correction(16, 1) == pytest.approx(0.8)
     model.observe_step(16, 1, 0.125 * 1.1)
     assert model.step_correction(16, 1) == pytest.approx(1.1) and model.step_time(16, 1) == pytest.approx(0.125 * 1.1)
+
+
+def test_a_cells_first_observation_smooths_from_the_correction_it_answered_with():
+    """A one-token cell first observed at the profile's time keeps k = 1 (what it answered with), not halfway to a g of
+    1.4 that wider steps set; a wider cell's first observation starts from its narrower cell's k."""
+    base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2, 4), step_seconds=((0.030, 0.032, 0.036), (0.125, 0.139, 0.170))))
+    model = OnlineCorrectedCostModel(base, smoothing=0.5)
+    for _ in range(40):
+        model.observe_step(16, 2, 0.139 * 1.4)
+    assert model.report()["step_correction"] == pytest.approx(1.4) and model.step_correction(16, 1) == pytest.approx(1.0)
+    model.observe_step(16, 1, 0.125)
+    assert model.step_correction(16, 1) == pytest.approx(1.0)
+    model.observe_step(16, 4, 0.170 * 1.6)
+    assert model.step_correction(16, 4) == pytest.approx(1.5)  # from k(16, 2) = 1.4, halfway to 1.6
 
 
 def test_online_correction_memory_is_bounded():

@@ -9,20 +9,23 @@ what follows says T for both); a cell is a pair (bucket(R), bucket(T)) with ``bu
 next power of two (``dspark.fast_path.row_bucket``), so the cells, and the memory, stay bounded
 whatever the batch. Each observation of a step that took s seconds where the base predicted
 p = t₀(R, T) > 0 updates its cell's correction k ← k + α·(clip(s/p) − k) (exponential smoothing,
-α = ``smoothing``), and the global correction g the same way; a cell's k starts at g the first time
-it is observed, and g at 1. ``clip`` bounds an observation to [k/2, 2k]: one outlier (a pause of the
+α = ``smoothing``), and the global correction g the same way; a cell's k starts, the first time it is
+observed, at the k it answered with before (below), and g at 1. ``clip`` bounds an observation to [k/2, 2k]: one outlier (a pause of the
 process, a drafter's first pass that also reads the whole prompt) moves a correction by at most a
 factor 1 + α, where unbounded it could multiply it many times over and make drafting look too dear
 to ever try again, while a lasting change is still followed, by up to 1 + α per step. The corrected
 time of a point in a cell is h = t₀(R, T)·k; a cell never observed takes the k of the widest
 observed cell of its row bucket with fewer tokens: the profile's shape along tokens is kept where nothing
 says otherwise (a per-row fixed overhead makes narrow cells' k larger, and giving wider cells g would
-flatten the curve, making extra tokens look free). With no such cell it takes the smaller of g and the
-k of the narrowest observed cell of its row bucket with more tokens: such a cell is typically the
-one-token step of a batch size whose every step has verified drafts, and only a choice not to draft
-would observe it, so a k too high (g pulled up by wider, dearer steps elsewhere) would make drafting
-look cheaper than it is and never be corrected, while a k too low makes skipping look cheap, which the
-skipped steps then measure. With no observed cell in its row bucket it takes g. Where the base predicts 0 (a cost
+flatten the curve, making extra tokens look free). With no such cell, a drafting cell takes g, and a step
+cell the least of 1 (the profile, which measured this very cell), g and the k of the narrowest observed
+cell of its row bucket with more tokens, if any. Such a step cell is typically the one-token step of a
+batch size whose every step has verified drafts (or, in the cumulative maximum below, of a smaller batch
+not seen yet), and only a choice not to draft would observe it. The wider steps' k carries work that a
+one-token step without drafts does not do (scoring, scheduling and accepting the drafts around a wider
+forward), so a k taken from them prices the one-token step too high and drafting too cheap, an error no
+step would ever correct; a k too low makes skipping look cheap, and the skipped steps then measure the
+cell. A drafting cell errs the other way for the same reason: only drafting observes it. Where the base predicts 0 (a cost
 model that knows no drafting time), a cell instead smooths the observed seconds themselves (bounded
 the same way); an unobserved one takes the seconds of the widest observed cell of its row bucket with
 fewer tokens, else of the narrowest with more (a shallow pass is not charged the average of deeper
@@ -104,9 +107,11 @@ def _neighbours(observed: list[int], bucket: int) -> tuple[int | None, int | Non
 class _CorrectedSurface:
     """h = base·k per cell, answered as its cumulative maximum (module docstring)."""
 
-    def __init__(self, base: Callable[[int, int], float], smoothing: float):
+    def __init__(self, base: Callable[[int, int], float], smoothing: float, profile_caps_unobserved: bool):
         self.base = base
         self.smoothing = smoothing
+        # A step surface: an unobserved cell with no narrower observed cell takes at most the profile (module docstring).
+        self.profile_caps_unobserved = profile_caps_unobserved
         self.cells: dict[tuple[int, int], _Cell] = {}
         self.overall = _Cell(ratio=1.0)
         self._ratio_tokens: dict[int, list[int]] = {}  # per row bucket, the token buckets with a learnt ratio, sorted
@@ -130,9 +135,10 @@ class _CorrectedSurface:
         predicted = self._base(rows, tokens)
         if predicted > 0:
             ratio = seconds / predicted
+            inherited = self.correction(key)  # where an unobserved cell starts: the k it was answering with
             if cell.ratio is None:
                 bisect.insort(self._ratio_tokens.setdefault(key[0], []), key[1])
-            cell.ratio = _smooth(cell.ratio, ratio, self.smoothing, start=self.overall.ratio)
+            cell.ratio = _smooth(cell.ratio, ratio, self.smoothing, start=inherited)
             self.overall.ratio = _smooth(self.overall.ratio, ratio, self.smoothing, start=None)
         else:
             if cell.seconds is None:
@@ -156,16 +162,16 @@ class _CorrectedSurface:
 
     def correction(self, key: tuple[int, int]) -> float:
         """The k of cell ``key``: its own, else that of the widest observed cell of its row bucket with fewer tokens,
-        else the smaller of g and that of the narrowest with more, else g (module docstring)."""
+        else g, or on a step surface the least of 1, g and that of the narrowest with more (module docstring)."""
         cell = self.cells.get(key)
         if cell is not None and cell.ratio is not None:
             return cell.ratio
         narrower, wider = _neighbours(self._ratio_tokens.get(key[0], []), key[1])
         if narrower is not None:
             return self.cells[(key[0], narrower)].ratio
-        if wider is not None:
-            return min(self.overall.ratio, self.cells[(key[0], wider)].ratio)
-        return self.overall.ratio
+        if not self.profile_caps_unobserved:
+            return self.overall.ratio
+        return min(1.0, self.overall.ratio, *([] if wider is None else [self.cells[(key[0], wider)].ratio]))
 
     def __call__(self, rows: int, tokens: int) -> float:
         answer = self._answers.get((rows, tokens))
@@ -214,7 +220,10 @@ class OnlineCorrectedCostModel:
         warps the target's and the drafter's distributions over the vocabulary for every verified or drafted
         position, so greedy steps' corrections would price its wider forwards and deeper passes too low."""
         if sampled not in self._surfaces:
-            self._surfaces[sampled] = (_CorrectedSurface(self.base.step_time, self.smoothing), _CorrectedSurface(self.base.draft_time, self.smoothing))
+            self._surfaces[sampled] = (
+                _CorrectedSurface(self.base.step_time, self.smoothing, profile_caps_unobserved=True),
+                _CorrectedSurface(self.base.draft_time, self.smoothing, profile_caps_unobserved=False),
+            )
         self._steps, self._drafts = self._surfaces[sampled]
 
     def __repr__(self) -> str:
@@ -265,8 +274,8 @@ class OnlineCorrectedCostModel:
 
     def step_correction(self, rows: int, tokens: int) -> float:
         """The correction k applied to the cell holding (``rows``, ``tokens``): its own, else that of the widest
-        observed cell of its row bucket with fewer tokens, else the smaller of the global one g and that of the
-        narrowest with more, else g (module docstring)."""
+        observed cell of its row bucket with fewer tokens, else the least of 1, the global one g and that of the
+        narrowest observed cell with more (module docstring)."""
         check_int("rows", rows, 1)
         check_int("tokens", tokens, 1)
         return self._steps.correction((row_bucket(rows), row_bucket(tokens)))
