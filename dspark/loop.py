@@ -85,7 +85,7 @@ def _prefill(spec: LoopSpec, prompt: torch.Tensor, cache: RaggedCache, mask: tor
     under an explicit mask computes the whole square of a forward's columns where chunks compute about half of it
     (docs: fast_path.rst, "The prompt: read in chunks")."""
     rows, width = prompt.shape
-    columns = max(1, spec.prefill_chunk_tokens // max(rows, 1))
+    columns = max(1, spec.prefill_chunk_tokens // rows)
     features = []
     for start in range(0, width, columns):
         chunk_mask = mask[:, start : start + columns]

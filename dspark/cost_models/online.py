@@ -171,7 +171,8 @@ class _CorrectedSurface:
             return self.cells[(key[0], narrower)].ratio
         if not self.profile_caps_unobserved:
             return self.overall.ratio
-        return min(1.0, self.overall.ratio, *([] if wider is None else [self.cells[(key[0], wider)].ratio]))
+        at_most_profile = min(1.0, self.overall.ratio)
+        return at_most_profile if wider is None else min(at_most_profile, self.cells[(key[0], wider)].ratio)
 
     def __call__(self, rows: int, tokens: int) -> float:
         answer = self._answers.get((rows, tokens))
