@@ -1,12 +1,14 @@
 """The speculative generate loop: one target forward per step over a ragged batch.
 
-Before the first step the drafter's and the estimator's optional ``start`` hooks learn the batch
-(``GenerationStart``), and the policy's row fallback, if it has one, starts a run. Each step: (0) the
+Before the first step the cost model's optional ``start`` hook learns the batch (``GenerationStart``), the
+policy's row fallback, if it has one, starts a run (one whose ``drafts`` is False makes the whole generation
+plain decoding: no target features, the drafter never runs), then the drafter's and the estimator's optional
+``start`` hooks learn the batch too, unless nothing will be drafted. Each step: (0) the
 fallback and the per-request caps name the rows worth drafting for and how deep, (1) the drafter
 proposes for them (every row's features still reach it), (2) the estimator scores survival,
 (3) the policy picks ℓ_r, (4) the target runs once on [anchor, x_1..x_ℓ] for every row, (5) the
 acceptance rule keeps a prefix and adds one token, (6) the cache keeps accepted slots and the tokens
-are written out, (7) the drafter (and an estimator that scored this step) observe the outcome,
+are written out, (7) the drafter (unless nothing is drafted) and an estimator that scored this step observe the outcome,
 (8) finished rows leave the batch.
 """
 
@@ -20,7 +22,7 @@ import torch
 
 from dspark.fast_path import FastPath
 from dspark.kv import RaggedCache
-from dspark.protocols import COST_MODEL_HOOKS, DRAFTER_HOOKS, ESTIMATOR_HOOKS, POLICY_HOOKS, hook
+from dspark.protocols import COST_MODEL_HOOKS, DRAFTER_HOOKS, ESTIMATOR_HOOKS, FALLBACK_RUN_HOOKS, POLICY_HOOKS, check_hooks, hook
 from dspark.stats import GenerationResult, GenerationStats, StepRecord
 from dspark.strategy import Strategy
 from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome, VerifyContext
@@ -94,6 +96,12 @@ def _prefill(spec: LoopSpec, prompt: torch.Tensor, cache: RaggedCache, mask: tor
         if chunk_features is not None:
             features.append(chunk_features)
     return torch.cat(features, dim=1) if features else None
+
+
+def _drafts(run) -> bool:
+    """A ``FallbackRun``'s optional ``drafts`` (``FALLBACK_RUN_HOOKS``): whether this generation drafts at all."""
+    check_hooks(run, FALLBACK_RUN_HOOKS, "row fallback run")
+    return hook(run, "drafts", FALLBACK_RUN_HOOKS)
 
 
 def _emitted_block(draft_tokens: torch.Tensor, accepted: torch.Tensor, next_tokens: torch.Tensor, width: int) -> torch.Tensor:
@@ -185,11 +193,16 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     host_caps, host_rows = None if spec.draft_caps is None else spec.draft_caps.cpu(), torch.arange(batch)
     fallback = hook(strategy.policy, "row_fallback", POLICY_HOOKS)
     fallback_run = None if fallback is None else fallback.start(generation, strategy.cost_model)
+    if fallback_run is not None and not _drafts(fallback_run):
+        # No row is expected to pay for its drafting in this generation: plain decoding, which asks the target
+        # for no hidden states (the prompt's included) and never runs the drafter, the estimator or the fallback.
+        spec = attrs.evolve(spec, strategy=attrs.evolve(strategy, max_draft_tokens=0))
+        strategy, fallback_run = spec.strategy, None
     estimator = strategy.confidence
     estimator_observe, estimator_report = (hook(estimator, name, ESTIMATOR_HOOKS) if estimator is not None else None for name in ("observe", "report"))
     observe_step, observe_draft = (hook(strategy.cost_model, name, COST_MODEL_HOOKS) for name in ("observe_step", "observe_draft"))
     for start in (hook(strategy.drafter, "start", DRAFTER_HOOKS), estimator and hook(estimator, "start", ESTIMATOR_HOOKS)):
-        if start is not None:
+        if start is not None and strategy.max_draft_tokens > 0:
             start(generation)
     if spec.streamer is not None:
         spec.streamer.put(input_ids.cpu())
@@ -254,7 +267,8 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
 
         # 7. Observe: the estimator learns only from steps it scored, after their survival was used.
         outcome = StepOutcome(rows=rows, verify_lengths=verify_lengths, accepted=accepted, next_tokens=next_tokens, finished=finished)
-        strategy.drafter.observe(outcome)
+        if strategy.max_draft_tokens > 0:  # a generation that drafts nothing never started the drafter
+            strategy.drafter.observe(outcome)
         if survival is not None and estimator_observe is not None:
             estimator_observe(outcome)
         records.append(
@@ -293,4 +307,4 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     if spec.streamer is not None:
         spec.streamer.end()
     sequences = sequences[:, : prompt_length + int(emitted.max())]
-    return GenerationResult(sequences=sequences, stats=GenerationStats(records=tuple(records), max_draft_tokens=strategy.max_draft_tokens))
+    return GenerationResult(sequences=sequences, stats=GenerationStats(records=tuple(records), max_draft_tokens=generation.max_draft_tokens))

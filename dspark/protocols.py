@@ -20,6 +20,7 @@ __all__ = [
     "Drafter",
     "COST_MODEL_HOOKS",
     "ESTIMATOR_HOOKS",
+    "FALLBACK_RUN_HOOKS",
     "Hook",
     "POLICY_HOOKS",
     "FallbackRun",
@@ -102,7 +103,8 @@ class VerifyPolicy(Protocol):
 class FallbackRun(Protocol):
     """One generation's row fallback (what ``RowFallback.start`` returns): before each proposal it names
     the rows worth drafting for, after each step it learns what drafting them gained. Both methods work
-    on host (CPU) tensors, so the decision costs the loop no device synchronisation."""
+    on host (CPU) tensors, so the decision costs the loop no device synchronisation. Optional members:
+    ``FALLBACK_RUN_HOOKS`` (``drafts``: False runs the whole generation as plain decoding)."""
 
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor | None:
         """For each row of this step (``rows``: the batch indices, LongTensor[R]): BoolTensor[R], draft for
@@ -182,6 +184,15 @@ ESTIMATOR_HOOKS: dict[str, Hook] = {
     "start": Hook(None, callable, "a method start(GenerationStart)", "called once per generation before the first survival"),
     "observe": Hook(None, callable, "a method observe(StepOutcome)", "the outcome of every step whose survival it gave, for online estimators"),
     "report": Hook(None, callable, "a method report() -> dict or None", "what to record in this step's StepRecord.estimator"),
+}
+
+
+#: Optional members of a ``FallbackRun``. Absent ones take their default.
+FALLBACK_RUN_HOOKS: dict[str, Hook] = {
+    "drafts": Hook(
+        True, lambda value: isinstance(value, bool), "a bool",
+        "read once, before the prefill: False runs the generation as plain decoding (no target features, no propose, no draft_rows)",
+    ),
 }
 
 

@@ -114,7 +114,9 @@ def test_bad_problems_are_refused():
 
 @pytest.mark.parametrize(
     "arguments, match",
-    [({"smoothing": 0.0}, "smoothing"), ({"smoothing": 1.5}, "smoothing"), ({"probe_after": 0}, "probe_after"), ({"probe_after": 8, "max_probe_interval": 4}, "max_probe_interval")],
+    [({"smoothing": 0.0}, "smoothing"), ({"smoothing": 1.5}, "smoothing"), ({"probe_after": 0}, "probe_after"), ({"probe_after": 8, "max_probe_interval": 4}, "max_probe_interval"),
+     ({"generation_probe_after": 0}, "generation_probe_after"),
+     ({"generation_probe_after": 4, "max_generation_probe_interval": 2}, "max_generation_probe_interval")],
 )
 def test_bad_fallback_settings_are_refused(arguments, match):
     """Settings out of range are refused naming the field."""
@@ -270,7 +272,9 @@ def test_the_choice_reads_the_rows_gain_pulled_towards_the_priors_by_prior_weigh
         prior = fallback.prior.get("greedy", 1)
         own = min(steps, 3)  # the horizon (2 − 0.5) / 0.5
         assert run.shrunk_gain(rows, prior).item() == pytest.approx((own * run.gain[0].item() + 3.0 * prior[0]) / (own + 3.0))
-    assert attrs.evolve(fallback, prior_weight=0.0).start(start(1), Costs()).shrunk_gain(rows, prior).item() == 0.0  # a fresh run's g
+    fresh = attrs.evolve(fallback, prior_weight=0.0).start(start(1), Costs())
+    # κ = 0 reads the row's own g alone: a fresh run's rows start from the prior's estimate.
+    assert fresh.shrunk_gain(rows, prior).item() == fresh.gain[0].item() == pytest.approx(prior[0])
 
 
 def test_a_dip_below_break_even_does_not_drop_a_row_where_rows_like_it_pay():
@@ -312,6 +316,45 @@ def test_rows_are_not_reprobed_where_enough_drafted_rows_gained_nothing():
         assert any(any(step) for step in drafted) == probed
     fallback.prior.update("greedy", 2, torch.tensor([3.0]), torch.tensor([3]))
     assert (run.draft_rows(rows) > 0).tolist() == [True, True]
+
+
+def _priced_out(fallback: GoodputFallback) -> GoodputFallback:
+    """``fallback`` whose prior at 2 greedy rows holds 8 drafted rows that gained nothing: no row pays, no probe could."""
+    fallback.prior.update("greedy", 2, torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.long))
+    return fallback
+
+
+def test_a_generation_whose_first_choice_drafts_for_no_row_runs_as_plain_decoding():
+    """drafts is False where no row pays and no probe could; True for a batch size nothing is known about, where a row
+    pays, and where drafting costs nothing to skip."""
+    fallback = _priced_out(GoodputFallback(smoothing=1.0))
+    assert fallback.start(start(2), Costs(draft_row=0.3)).drafts is False
+    assert fallback.start(start(3), Costs(draft_row=0.3)).drafts is True  # nothing known at 3 rows
+    assert fallback.start(start(2), Costs()).drafts is True  # free drafting: every row is drafted for
+    fallback.prior.update("greedy", 2, torch.tensor([3.0], dtype=torch.float64), torch.tensor([3]))
+    assert fallback.start(start(2), Costs(draft_row=0.3)).drafts is True  # rows here now gain 3 tokens a step
+
+
+def test_after_generation_probe_after_plain_generations_one_is_probed_and_the_wait_doubles():
+    """With generation_probe_after=2 and a cap of 4: two plain generations, a probed one, four plain, a probed one, four
+    plain, ...; a probed generation's first step drafts every row though no probe could pay, later steps judge
+    probes as usual; a generation whose first choice drafts starts the count over."""
+    fallback = _priced_out(GoodputFallback(smoothing=1.0, generation_probe_after=2, max_generation_probe_interval=4))
+    costs = Costs(draft_row=0.3)
+    rows = torch.tensor([0, 1])
+    pattern = []
+    for _ in range(13):
+        run = fallback.start(start(2), costs)
+        pattern.append(run.drafts)
+        if run.drafts:
+            steps = []
+            for _ in range(4):
+                steps.append((run.draft_rows(rows) > 0).tolist())
+                observe(run, [0, 1], steps[-1], [0, 0], [0, 0])
+            assert steps == [[True, True]] + [[False, False]] * 3
+    assert pattern == [False, False, True] + [False] * 4 + [True] + [False] * 4 + [True]
+    assert fallback.start(start(2), Costs()).drafts is True  # free drafting: its first choice drafts
+    assert [fallback.start(start(2), costs).drafts for _ in range(3)] == [False, False, True]  # the count started over
 
 
 def test_cheap_probes_go_on_where_no_row_ever_gained_enough():

@@ -467,6 +467,46 @@ class VerifyAll:
         return limits.clamp_max(self.max_draft_tokens)
 
 
+class DecidedFallback(ScriptedFallback):
+    """A ScriptedFallback drafting every row whose run says, before the prefill, whether its generation drafts."""
+
+    def __init__(self, drafts):
+        super().__init__(lambda step, rows: torch.ones(rows.numel(), dtype=torch.bool))
+        self.drafts = drafts
+
+
+@pytest.mark.parametrize("drafts", [False, True])
+def test_a_run_that_drafts_nothing_makes_the_generation_plain_decoding(llama, drafts):
+    """drafts False: greedy output equals model.generate, no forward returns hidden states, the drafter is never started
+    or asked, the fallback never asked, and the steps still reach the cost model; drafts True: the same parts draft."""
+    input_ids, attention_mask = left_padded_batch([6, 11, 4], seed=2)
+    expected = llama.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    asked = []
+    handle = llama.register_forward_pre_hook(lambda module, args, kwargs: asked.append(kwargs["output_hidden_states"]), with_kwargs=True)
+    drafter, fallback, costs = LifecycleRecordingDrafter(max_ngram=2, min_ngram=1), DecidedFallback(drafts), ObservedCosts()
+    try:
+        result = dspark.wrap(llama, drafter, policy=VerifyAll(fallback), cost_model=costs, max_draft_tokens=3).generate(
+            input_ids, attention_mask=attention_mask, max_new_tokens=8, eos_token_id=[]
+        )
+    finally:
+        handle.remove()
+    assert torch.equal(result.sequences, expected)
+    assert result.stats.max_draft_tokens == 3 and len(costs.steps) == len(result.stats.records) - 1
+    if drafts:
+        assert fallback.step == len(result.stats.records) and any(kind == "propose" for kind, _ in drafter.events)
+    else:
+        assert set(asked) == {False} and not hasattr(drafter, "events") and fallback.step == 0
+        assert not any(bool(record.drafted_for.any()) for record in result.stats.records)
+
+
+def test_a_run_whose_drafts_is_not_a_bool_is_refused(llama):
+    """A fallback run's drafts must be a bool: the error names it and the value."""
+    with pytest.raises(TypeError, match="drafts .*'no'"):
+        dspark.wrap(llama, PromptLookupDrafter(), policy=VerifyAll(DecidedFallback("no")), max_draft_tokens=3).generate(
+            torch.tensor([[3, 4, 5, 3, 4]]), max_new_tokens=2
+        )
+
+
 def test_only_drafting_that_follows_drafting_is_reported(llama):
     """Every step's forward but the first (which also grows the cache the prefill filled) is reported; a step's
     drafting only when the step before it drafted too (the first step also reads the prompt's features, and a step

@@ -83,7 +83,18 @@ gained enough (under load, where the scheduler verifies nothing) nothing is draf
 ``_CEILING_EVIDENCE`` drafted rows have been seen there: a ceiling of one step's rows says little (prompt
 lookup's first step usually finds no match, and a ceiling of 0 from it kept lookup out for good), and
 only where probes are dear: where probing every ``probe_after`` steps stays within the budget below,
-probes go on whatever the ceiling. The prior belongs to one drafter and target: give each wrapped model its own scheduler (``wrap``
+probes go on whatever the ceiling.
+
+A generation whose first choice drafts for no row (none is expected to pay and no probe could) runs as plain
+decoding (``GoodputFallbackRun.drafts`` False, read by the loop before the prefill): the target returns no hidden
+states for the prompt or the steps, and the drafter never runs. Such a generation would mostly skip every step
+anyway (its rows' estimates change only by drafting, and the catch-up a later probe pays only grows), while paying
+for features it never reads: at 16 rows on a CPU, the prompt's alone took the chunked prefill from 12.39 s to
+12.85 s (``benchmarks/results/bench_prefill.json``). To notice when drafting starts to pay again, after
+``generation_probe_after`` such generations in a row at one batch size and band one is probed: its first step drafts
+for every row, and the rows go on by the rules above; the wait doubles after each probed one, up to
+``max_generation_probe_interval`` (``GainPrior.idle_generation``), and a generation whose first choice drafts starts
+the count over. The prior belongs to one drafter and target: give each wrapped model its own scheduler (``wrap``
 and the presets in ``dspark.strategies`` make a new one each time).
 """
 
@@ -219,6 +230,8 @@ class GainPrior:
         self.drafted: dict[tuple[str, int], int] = {}  # drafted rows observed per key: the ceiling's evidence
         self.updates: dict[tuple[str, int], int] = {}  # steps with drafted rows observed per key
         self.catch_up_rates: collections.deque[float] = collections.deque(maxlen=_CATCH_UP_WINDOW)
+        self.idle_generations: dict[tuple[str, int], int] = {}  # generations in a row run as plain decoding, per key
+        self.generation_intervals: dict[tuple[str, int], int] = {}  # how many of those before one drafts again
         self.version = 0  # counts updates, so that a run can tell the prior has changed
 
     def get(self, band: str, rows: int) -> tuple[float, float] | None:
@@ -236,6 +249,27 @@ class GainPrior:
     def probe_interval(self, band: str, rows: int) -> int | None:
         """The shortest probe interval of a batch of this size and band at its latest choice, None before any."""
         return self.intervals.get((band, _size_bucket(rows)))
+
+    def idle_generation(self, band: str, rows: int, probe_after: int, max_interval: int) -> bool:
+        """A generation of this size and band whose first choice drafts for no row: True if it is to be probed
+        anyway (its first step drafted for every row) because as many such generations as the current interval
+        (``probe_after`` at first, doubled by each such probe up to ``max_interval``) ran as plain decoding before
+        it; else False, counting it."""
+        key = (band, _size_bucket(rows))
+        interval = self.generation_intervals.get(key, probe_after)
+        idle = self.idle_generations.get(key, 0)
+        if idle >= interval:
+            self.idle_generations[key] = 0
+            self.generation_intervals[key] = min(2 * interval, max_interval)
+            return True
+        self.idle_generations[key] = idle + 1
+        return False
+
+    def drafting_generation(self, band: str, rows: int) -> None:
+        """A generation of this size and band whose first choice drafts: the count of plain ones starts over."""
+        key = (band, _size_bucket(rows))
+        self.idle_generations.pop(key, None)
+        self.generation_intervals.pop(key, None)
 
     def remember_probe_interval(self, band: str, rows: int, interval: int) -> None:
         """Keep ``interval`` as this size and band's probe interval (a run calls it after each choice)."""
@@ -289,6 +323,11 @@ class GoodputFallback:
     ``prior``: what earlier generations showed per batch size (module docstring), shared by every run.
     ``prior_weight``: κ, the pseudo-steps of the prior's gain in each row's estimate ĝ_r (0: the row's own g_r alone).
 
+    ``generation_probe_after``, ``max_generation_probe_interval``: a generation whose first choice drafts for no row
+    runs as plain decoding (``GoodputFallbackRun.drafts``), except that after ``generation_probe_after`` such
+    generations in a row of one batch size and band, one drafts its first step for every row, and the wait doubles
+    after each, up to ``max_generation_probe_interval``; a generation whose first choice drafts starts the count over.
+
     ``depth_margin``: a drafted row gets ⌈λ_r⌉ tokens (at least 1, at most γ), as many as the scheduler has
     been verifying for it, and ``depth_margin`` more on one of every ``probe_after`` of its drafted steps, so
     that it can verify more when the survival says so; the rest of a γ-token block would cost drafting
@@ -302,6 +341,8 @@ class GoodputFallback:
     depth_margin: int | None = attrs.field(default=1, validator=int_at_least(0, optional=True))
     prior: GainPrior = attrs.field(factory=GainPrior, eq=False, repr=False, validator=attrs.validators.instance_of(GainPrior))
     prior_weight: float = attrs.field(default=3.0)
+    generation_probe_after: int = attrs.field(default=4, validator=int_at_least(1))
+    max_generation_probe_interval: int = attrs.field(default=16, validator=int_at_least(1))
 
     def __attrs_post_init__(self):
         if isinstance(self.smoothing, bool) or not isinstance(self.smoothing, (int, float)) or not 0 < self.smoothing <= 1:
@@ -310,6 +351,11 @@ class GoodputFallback:
             raise ValueError(f"prior_weight must be a finite number >= 0, got {self.prior_weight!r}")
         if self.max_probe_interval < self.probe_after:
             raise ValueError(f"max_probe_interval must be >= probe_after={self.probe_after}, got {self.max_probe_interval!r}")
+        if self.max_generation_probe_interval < self.generation_probe_after:
+            raise ValueError(
+                f"max_generation_probe_interval must be >= generation_probe_after={self.generation_probe_after}, "
+                f"got {self.max_generation_probe_interval!r}"
+            )
 
     def start(self, generation: GenerationStart, cost_model: CostModel) -> "GoodputFallbackRun":
         """A fresh run for ``generation``: every row is drafted for until its first outcome is known."""
@@ -327,7 +373,8 @@ class GoodputFallback:
 class GoodputFallbackRun:
     """One generation's ``GoodputFallback`` state, on the host: per batch row g_r, λ_r, whether it was
     ever observed, steps skipped since it was last drafted and its current probe interval; and the
-    least seconds a step that drafted for no row has spent outside the target forward."""
+    least seconds a step that drafted for no row has spent outside the target forward. ``drafts``: whether
+    the generation drafts at all (``FALLBACK_RUN_HOOKS``; module docstring), decided when the run starts."""
 
     def __init__(self, fallback: GoodputFallback, generation: GenerationStart, cost_model: CostModel):
         batch = generation.rows
@@ -348,6 +395,24 @@ class GoodputFallbackRun:
         # What the last choice that drafted for no row read, besides estimates a skipped row cannot change:
         # while it holds, that choice stands (the cost model's small corrections wait until it changes).
         self._idle_key: tuple | None = None
+        # A probed generation drafts its first step for every row, whether or not a probe could pay.
+        self._probed_generation = False
+        self.drafts = self._first_choice_drafts(batch)
+
+    def _first_choice_drafts(self, batch: int) -> bool:
+        """Whether this generation drafts (``FALLBACK_RUN_HOOKS``): when its first step's choice drafts for some
+        row, or when it is the prior's turn to probe a batch of this size and band (``GainPrior.idle_generation``).
+        A first choice that drafts for no row is mostly the whole generation's: its rows' estimates change only by
+        drafting, and the catch-up a later probe would pay only grows; as plain decoding, its prompt's and its
+        steps' target features are not computed."""
+        chosen, probes, _ = self._choice(torch.arange(batch))
+        if bool((chosen | probes).any()):
+            self.fallback.prior.drafting_generation(self.band, batch)
+            return True
+        self._probed_generation = self.fallback.prior.idle_generation(
+            self.band, batch, self.fallback.generation_probe_after, self.fallback.max_generation_probe_interval
+        )
+        return self._probed_generation
 
     def avoidable_draft_time(self, rows: int, depth: int | None = None) -> float:
         """D(k): what drafting ``rows`` rows ``depth`` tokens deep (None: the whole block) adds to a step that drafts
@@ -390,6 +455,22 @@ class GoodputFallbackRun:
         key = self._choice_key(rows)
         if key == self._idle_key:
             return torch.zeros(rows.numel(), dtype=torch.long)
+        chosen, probes, depths = self._choice(rows)
+        cap = self.probe_interval_cap(rows.numel(), max(int(depths.max()), 1))
+        # A re-probe of a row its estimate keeps out waits twice as long for the next (a first probe only measures
+        # the row: the prior's wait stands); a row back in starts over.
+        backed_off = rows[probes & (self.own_steps[rows] > 0)]
+        self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(cap)
+        self.interval[rows[chosen]] = self.fallback.probe_after
+        self.fallback.prior.remember_probe_interval(self.band, rows.numel(), int(self.interval[rows].min()))
+        drafting = chosen | probes
+        self._idle_key = None if bool(drafting.any()) else self._choice_key(rows)
+        return torch.where(drafting, depths, 0)
+
+    def _choice(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(chosen, probes, depths) for ``rows``: the rows in the best predicted set, the rows to probe (never observed,
+        or due and a probe could pay), BoolTensors[R], and every row's ``depth``. Rows new to the run take the prior's
+        estimate first, the only change it makes."""
         prior = self.fallback.prior.get(self.band, rows.numel())
         new = rows[~self.observed[rows]]
         if prior is not None and new.numel() > 0:
@@ -411,20 +492,11 @@ class GoodputFallbackRun:
                 self.cost_model.step_time,
                 functools.partial(self.resume_draft_time, batch=rows.numel(), depth=max(int(depths[observed].max()), 1)),
             )
-        cap = self.probe_interval_cap(rows.numel(), deepest)
         due = ~chosen & self._due(rows)
-        if bool(due.any()) and not self._a_probe_could_pay(rows, cap, deepest):
-            due[:] = False
-        probes = ~observed | due
-        # A re-probe of a row its estimate keeps out waits twice as long for the next (a first probe only measures
-        # the row: the prior's wait stands); a row back in starts over.
-        backed_off = rows[probes & (self.own_steps[rows] > 0)]
-        self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(cap)
-        self.interval[rows[chosen]] = self.fallback.probe_after
-        self.fallback.prior.remember_probe_interval(self.band, rows.numel(), int(self.interval[rows].min()))
-        drafting = chosen | probes
-        self._idle_key = None if bool(drafting.any()) else self._choice_key(rows)
-        return torch.where(drafting, depths, 0)
+        if bool(due.any()) and not self._probed_generation:
+            if not self._a_probe_could_pay(rows, self.probe_interval_cap(rows.numel(), deepest), deepest):
+                due[:] = False
+        return chosen, ~observed | due, depths
 
     def shrunk_gain(self, rows: torch.Tensor, prior: tuple[float, float] | None) -> torch.Tensor:
         """DoubleTensor: g_r of ``rows`` pulled towards the prior's g by ``prior_weight`` pseudo-steps against the
@@ -495,6 +567,7 @@ class GoodputFallbackRun:
                 extra = max(record.draft_seconds - self.cost_model.draft_time(index.numel(), max(int(record.drafted.max()), 1)), 0.0)
                 self.fallback.prior.remember_catch_up(extra / (unread * rows.numel()))
             self.unread_prompt_columns = self.skipped_steps = 0
+            self._probed_generation = False  # its first probe is done: later ones are judged as usual
         gains = verified_gain(record)
         self.own_steps[index] += 1
         weight = _new_step_weight(self.own_steps[index], alpha)
