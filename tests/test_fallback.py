@@ -115,7 +115,7 @@ def test_bad_problems_are_refused():
 @pytest.mark.parametrize(
     "arguments, match",
     [({"smoothing": 0.0}, "smoothing"), ({"smoothing": 1.5}, "smoothing"), ({"probe_after": 0}, "probe_after"), ({"probe_after": 8, "max_probe_interval": 4}, "max_probe_interval"),
-     ({"generation_probe_after": 0}, "generation_probe_after"),
+     ({"generation_probe_after": 0}, "generation_probe_after"), ({"generation_min_gain": -0.1}, "generation_min_gain"),
      ({"generation_probe_after": 4, "max_generation_probe_interval": 2}, "max_generation_probe_interval")],
 )
 def test_bad_fallback_settings_are_refused(arguments, match):
@@ -333,6 +333,19 @@ def test_a_generation_whose_first_choice_drafts_for_no_row_runs_as_plain_decodin
     assert fallback.start(start(2), Costs()).drafts is True  # free drafting: every row is drafted for
     fallback.prior.update("greedy", 2, torch.tensor([3.0], dtype=torch.float64), torch.tensor([3]))
     assert fallback.start(start(2), Costs(draft_row=0.3)).drafts is True  # rows here now gain 3 tokens a step
+
+
+@pytest.mark.parametrize("draft_row, min_gain, drafts", [(0.2, 0.05, True), (0.23, 0.05, False), (0.23, 0.0, True)])
+def test_a_generation_drafts_only_where_its_first_choice_gains_generation_min_gain(draft_row, min_gain, drafts):
+    """Rows here gained 0.5 a step; drafting both costs 0.4 or 0.46 of a step, so Θ = 3 / 1.4 or 3 / 1.46 against 2
+    tokens a step drafting none: +7.1% or +2.7%. The generation drafts at generation_min_gain=0.05 in the first case
+    only, and in both at 0."""
+    fallback = GoodputFallback(generation_min_gain=min_gain)
+    fallback.prior.update("greedy", 2, torch.full((8,), 0.5, dtype=torch.float64), torch.ones(8, dtype=torch.long))
+    run = fallback.start(start(2), Costs(draft_row=draft_row))
+    rows = torch.arange(2)
+    assert run.predicted_gain(rows, torch.tensor([True, True]), run.depth(rows)) == pytest.approx(3 / (1 + 2 * draft_row) / 2 - 1)
+    assert run.drafts is drafts
 
 
 def test_after_generation_probe_after_plain_generations_one_is_probed_and_the_wait_doubles():

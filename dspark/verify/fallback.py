@@ -85,17 +85,23 @@ lookup's first step usually finds no match, and a ceiling of 0 from it kept look
 only where probes are dear: where probing every ``probe_after`` steps stays within the budget below,
 probes go on whatever the ceiling.
 
-A generation whose first choice drafts for no row (none is expected to pay and no probe could) runs as plain
-decoding (``GoodputFallbackRun.drafts`` False, read by the loop before the prefill): the target returns no hidden
-states for the prompt or the steps, and the drafter never runs. Such a generation would mostly skip every step
-anyway (its rows' estimates change only by drafting, and the catch-up a later probe pays only grows), while paying
-for features it never reads: at 16 rows on a CPU, the prompt's alone took the chunked prefill from 12.39 s to
-12.85 s (``benchmarks/results/bench_prefill.json``). To notice when drafting starts to pay again, after
-``generation_probe_after`` such generations in a row at one batch size and band one is probed: its first step drafts
-for every row, and the rows go on by the rules above; the wait doubles after each probed one, up to
-``max_generation_probe_interval`` (``GainPrior.idle_generation``), and a generation whose first choice drafts starts
-the count over. The prior belongs to one drafter and target: give each wrapped model its own scheduler (``wrap``
-and the presets in ``dspark.strategies`` make a new one each time).
+A generation runs as plain decoding (``GoodputFallbackRun.drafts`` False, read by the loop before the prefill:
+the target returns no hidden states, for the prompt or the steps, and the drafter never runs) when its first
+choice probes no row and drafts for none, or only for rows predicted to raise Θ by less than
+``generation_min_gain`` (5%) over drafting none (``predicted_gain``). A first choice that drafts for no row is
+mostly the whole generation's: a skipped row's estimate changes only by drafting, and the catch-up a later probe
+pays only grows. The margin, because a drafting generation pays for what that choice does not price: the
+target's features for every column (at 16 rows on a CPU, the prompt's alone took the chunked prefill from
+12.39 s to 12.85 s, ``benchmarks/results/bench_prefill.json``), the first pass's reading of the prompt, priced
+spread over every step left though not all of them may draft, and, in a static batch, tokens gained by rows that
+finish before the longest, which do not shorten it; and because the choice reads other generations' estimates.
+To notice when drafting starts to pay again, after ``generation_probe_after`` such generations in a row at one
+batch size and band one is probed: its first step drafts for every row, and the rows go on by the rules above;
+the wait doubles after each probed one, up to ``max_generation_probe_interval`` (``GainPrior.idle_generation``),
+and a generation whose first choice drafts starts the count over.
+
+The prior belongs to one drafter and target: give each wrapped model its own scheduler (``wrap`` and the presets in
+``dspark.strategies`` make a new one each time).
 """
 
 from __future__ import annotations
@@ -323,10 +329,12 @@ class GoodputFallback:
     ``prior``: what earlier generations showed per batch size (module docstring), shared by every run.
     ``prior_weight``: κ, the pseudo-steps of the prior's gain in each row's estimate ĝ_r (0: the row's own g_r alone).
 
-    ``generation_probe_after``, ``max_generation_probe_interval``: a generation whose first choice drafts for no row
-    runs as plain decoding (``GoodputFallbackRun.drafts``), except that after ``generation_probe_after`` such
-    generations in a row of one batch size and band, one drafts its first step for every row, and the wait doubles
-    after each, up to ``max_generation_probe_interval``; a generation whose first choice drafts starts the count over.
+    ``generation_min_gain``, ``generation_probe_after``, ``max_generation_probe_interval``: a generation whose first
+    choice probes no row and drafts for none, or for rows predicted to raise the goodput by less than
+    ``generation_min_gain`` (a share of plain decoding's), runs as plain decoding (``GoodputFallbackRun.drafts``),
+    except that after ``generation_probe_after`` such generations in a row of one batch size and band, one drafts
+    its first step for every row, and the wait doubles after each, up to ``max_generation_probe_interval``; a
+    generation whose first choice drafts starts the count over.
 
     ``depth_margin``: a drafted row gets ⌈λ_r⌉ tokens (at least 1, at most γ), as many as the scheduler has
     been verifying for it, and ``depth_margin`` more on one of every ``probe_after`` of its drafted steps, so
@@ -343,6 +351,7 @@ class GoodputFallback:
     prior_weight: float = attrs.field(default=3.0)
     generation_probe_after: int = attrs.field(default=4, validator=int_at_least(1))
     max_generation_probe_interval: int = attrs.field(default=16, validator=int_at_least(1))
+    generation_min_gain: float = attrs.field(default=0.05)
 
     def __attrs_post_init__(self):
         if isinstance(self.smoothing, bool) or not isinstance(self.smoothing, (int, float)) or not 0 < self.smoothing <= 1:
@@ -351,6 +360,8 @@ class GoodputFallback:
             raise ValueError(f"prior_weight must be a finite number >= 0, got {self.prior_weight!r}")
         if self.max_probe_interval < self.probe_after:
             raise ValueError(f"max_probe_interval must be >= probe_after={self.probe_after}, got {self.max_probe_interval!r}")
+        if isinstance(self.generation_min_gain, bool) or not isinstance(self.generation_min_gain, (int, float)) or not 0 <= self.generation_min_gain < math.inf:
+            raise ValueError(f"generation_min_gain must be a finite number >= 0, got {self.generation_min_gain!r}")
         if self.max_generation_probe_interval < self.generation_probe_after:
             raise ValueError(
                 f"max_generation_probe_interval must be >= generation_probe_after={self.generation_probe_after}, "
@@ -358,7 +369,7 @@ class GoodputFallback:
             )
 
     def start(self, generation: GenerationStart, cost_model: CostModel) -> "GoodputFallbackRun":
-        """A fresh run for ``generation``: every row is drafted for until its first outcome is known."""
+        """A fresh run for ``generation``, which may draft for no row at all (``GoodputFallbackRun.drafts``)."""
         return GoodputFallbackRun(self, generation, cost_model)
 
     def choose(
@@ -405,14 +416,30 @@ class GoodputFallbackRun:
         A first choice that drafts for no row is mostly the whole generation's: its rows' estimates change only by
         drafting, and the catch-up a later probe would pay only grows; as plain decoding, its prompt's and its
         steps' target features are not computed."""
-        chosen, probes, _ = self._choice(torch.arange(batch))
-        if bool((chosen | probes).any()):
+        rows = torch.arange(batch)
+        chosen, probes, depths = self._choice(rows)
+        if bool(probes.any()) or (bool(chosen.any()) and self.predicted_gain(rows, chosen, depths) >= self.fallback.generation_min_gain):
             self.fallback.prior.drafting_generation(self.band, batch)
             return True
         self._probed_generation = self.fallback.prior.idle_generation(
             self.band, batch, self.fallback.generation_probe_after, self.fallback.max_generation_probe_interval
         )
         return self._probed_generation
+
+    def predicted_gain(self, rows: torch.Tensor, chosen: torch.Tensor, depths: torch.Tensor) -> float:
+        """Θ(S) / Θ(∅) − 1: what drafting the ``chosen`` of ``rows`` (``depths`` deep) is predicted to add to the
+        goodput, the rule's Θ with the estimates the choice reads (module docstring); +inf where drafting them costs
+        nothing avoidable."""
+        if self.avoidable_draft_time(rows.numel(), max(self.max_draft_tokens, 1)) <= 0:
+            return math.inf
+        drafted = rows[chosen]
+        prior = self.fallback.prior.get(self.band, rows.numel())
+        gains = self.priority[drafted] * self.shrunk_gain(drafted, prior) * self.fallback.prior.realised_ratio(self.band)
+        _, theta = drafting_goodput(
+            gains, self.verify[drafted].round().long(), float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time,
+            functools.partial(self.resume_draft_time, batch=rows.numel(), depth=max(int(depths[chosen].max()), 1)),
+        )
+        return float(theta[-1] / theta[0]) - 1.0
 
     def avoidable_draft_time(self, rows: int, depth: int | None = None) -> float:
         """D(k): what drafting ``rows`` rows ``depth`` tokens deep (None: the whole block) adds to a step that drafts
