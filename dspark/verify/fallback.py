@@ -411,11 +411,9 @@ class GoodputFallbackRun:
         self.drafts = self._first_choice_drafts(batch)
 
     def _first_choice_drafts(self, batch: int) -> bool:
-        """Whether this generation drafts (``FALLBACK_RUN_HOOKS``): when its first step's choice drafts for some
-        row, or when it is the prior's turn to probe a batch of this size and band (``GainPrior.idle_generation``).
-        A first choice that drafts for no row is mostly the whole generation's: its rows' estimates change only by
-        drafting, and the catch-up a later probe would pay only grows; as plain decoding, its prompt's and its
-        steps' target features are not computed."""
+        """Whether this generation drafts (``FALLBACK_RUN_HOOKS``): when its first step's choice probes a row or drafts
+        for rows predicted to raise Θ by ``generation_min_gain`` at least, or when it is the prior's turn to probe a
+        batch of this size and band (``GainPrior.idle_generation``); module docstring."""
         rows = torch.arange(batch)
         chosen, probes, depths = self._choice(rows)
         if bool(probes.any()) or (bool(chosen.any()) and self.predicted_gain(rows, chosen, depths) >= self.fallback.generation_min_gain):
