@@ -8,7 +8,7 @@ fallback and the per-request caps name the rows worth drafting for and how deep,
 proposes for them (every row's features still reach it), (2) the estimator scores survival,
 (3) the policy picks ℓ_r, (4) the target runs once on [anchor, x_1..x_ℓ] for every row, (5) the
 acceptance rule keeps a prefix and adds one token, (6) the cache keeps accepted slots and the tokens
-are written out, (7) the drafter (unless nothing is drafted) and an estimator that scored this step observe the outcome,
+are written out, (7) the drafter (unless the generation drafts nothing) and an estimator that scored this step observe the outcome,
 (8) finished rows leave the batch.
 """
 
@@ -22,7 +22,7 @@ import torch
 
 from dspark.fast_path import FastPath
 from dspark.kv import RaggedCache
-from dspark.protocols import COST_MODEL_HOOKS, DRAFTER_HOOKS, ESTIMATOR_HOOKS, FALLBACK_RUN_HOOKS, POLICY_HOOKS, check_hooks, hook
+from dspark.protocols import COST_MODEL_HOOKS, DRAFTER_HOOKS, ESTIMATOR_HOOKS, POLICY_HOOKS, hook, run_drafts
 from dspark.stats import GenerationResult, GenerationStats, StepRecord
 from dspark.strategy import Strategy
 from dspark.types import Draft, DraftContext, GenerationStart, SamplingConfig, StepOutcome, VerifyContext
@@ -96,12 +96,6 @@ def _prefill(spec: LoopSpec, prompt: torch.Tensor, cache: RaggedCache, mask: tor
         if chunk_features is not None:
             features.append(chunk_features)
     return torch.cat(features, dim=1) if features else None
-
-
-def _drafts(run) -> bool:
-    """A ``FallbackRun``'s optional ``drafts`` (``FALLBACK_RUN_HOOKS``): whether this generation drafts at all."""
-    check_hooks(run, FALLBACK_RUN_HOOKS, "row fallback run")
-    return hook(run, "drafts", FALLBACK_RUN_HOOKS)
 
 
 def _emitted_block(draft_tokens: torch.Tensor, accepted: torch.Tensor, next_tokens: torch.Tensor, width: int) -> torch.Tensor:
@@ -192,10 +186,12 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     priority = torch.ones(batch, device=device) if spec.priority is None else spec.priority
     host_caps, host_rows = None if spec.draft_caps is None else spec.draft_caps.cpu(), torch.arange(batch)
     fallback = hook(strategy.policy, "row_fallback", POLICY_HOOKS)
-    fallback_run = None if fallback is None else fallback.start(generation, strategy.cost_model)
-    if fallback_run is not None and not _drafts(fallback_run):
-        # No row is expected to pay for its drafting in this generation: plain decoding, which asks the target
-        # for no hidden states (the prompt's included) and never runs the drafter, the estimator or the fallback.
+    # A generation that cannot draft (γ 0, no new tokens) does not start a run: it would count as a plain one.
+    starts_run = fallback is not None and strategy.max_draft_tokens > 0 and spec.max_new_tokens > 0
+    fallback_run = fallback.start(generation, strategy.cost_model) if starts_run else None
+    if fallback_run is not None and not run_drafts(fallback_run):
+        # The run says this generation drafts nothing: plain decoding, which asks the target for no hidden states
+        # (the prompt's included) and never runs the drafter, the estimator or the fallback.
         spec = attrs.evolve(spec, strategy=attrs.evolve(strategy, max_draft_tokens=0))
         strategy, fallback_run = spec.strategy, None
     estimator = strategy.confidence

@@ -30,6 +30,7 @@ __all__ = [
     "check_hooks",
     "drafter_modules",
     "hook",
+    "run_drafts",
 ]
 
 
@@ -41,7 +42,8 @@ class Drafter(Protocol):
     ``GenerationStart`` (rows, device, γ, the longest context) before anything else; then every step
     calls ``propose`` for the rows still running (``DraftContext.rows``) and ``observe`` with the
     target's decision, whose ``StepOutcome.finished`` names the rows that leave the batch before the
-    next ``propose``. ``vocab_size`` is the size of the vocabulary the drafter's token ids live in
+    next ``propose``. A generation that drafts nothing (γ = 0, or a fallback run whose ``drafts`` is False)
+    calls none of them. ``vocab_size`` is the size of the vocabulary the drafter's token ids live in
     (None when it only copies ids from the context, as n-gram lookup does); the loop refuses a
     mismatch with the target. The other optional hooks are listed in ``DRAFTER_HOOKS``.
     """
@@ -266,3 +268,10 @@ def check_hooks(part, hooks: dict[str, Hook], role: str) -> None:
         value = _member(part, name, declared)
         if value is not None and not declared.valid(value):
             raise TypeError(f"{role}.{name} of {type(part).__name__} must be {declared.allowed} ({declared.doc}), got {value!r}")
+
+
+def run_drafts(run) -> bool:
+    """Whether a ``FallbackRun``'s generation drafts at all: its optional ``drafts`` (``FALLBACK_RUN_HOOKS``), refused
+    with a ``TypeError`` naming it when it is not a bool."""
+    check_hooks(run, FALLBACK_RUN_HOOKS, "row fallback run")
+    return hook(run, "drafts", FALLBACK_RUN_HOOKS)

@@ -28,7 +28,7 @@ import attrs
 import torch
 
 from dspark.checks import check_int
-from dspark.protocols import POLICY_HOOKS, CostModel, VerifyPolicy, hook
+from dspark.protocols import POLICY_HOOKS, CostModel, VerifyPolicy, hook, run_drafts
 from dspark.stats import StepRecord
 from dspark.types import GenerationStart, SamplingConfig, VerifyContext
 from dspark.verify.fallback import draft_depths
@@ -173,6 +173,8 @@ def simulate(
     fallback = hook(policy, "row_fallback", POLICY_HOOKS)
     start = GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=gamma, max_length=new_tokens + 1, sampling=SamplingConfig(), priority=priority)
     run = None if fallback is None or gamma == 0 else fallback.start(start, cost_model)
+    if run is not None and not run_drafts(run):
+        gamma, run = 0, None  # as the loop does: the generation runs as plain decoding
     reads_context = hook(policy, "reads_context", POLICY_HOOKS)
     seconds, steps, verified, row_steps, tokens = 0.0, 0, 0, 0, 0
     while active.numel() > 0:

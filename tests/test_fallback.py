@@ -273,8 +273,8 @@ def test_the_choice_reads_the_rows_gain_pulled_towards_the_priors_by_prior_weigh
         own = min(steps, 3)  # the horizon (2 − 0.5) / 0.5
         assert run.shrunk_gain(rows, prior).item() == pytest.approx((own * run.gain[0].item() + 3.0 * prior[0]) / (own + 3.0))
     fresh = attrs.evolve(fallback, prior_weight=0.0).start(start(1), Costs())
-    # κ = 0 reads the row's own g alone: a fresh run's rows start from the prior's estimate.
-    assert fresh.shrunk_gain(rows, prior).item() == fresh.gain[0].item() == pytest.approx(prior[0])
+    fresh.gain[0] = 0.1  # a g of its own, away from the prior's
+    assert fresh.shrunk_gain(rows, prior).item() == pytest.approx(0.1) and prior[0] != pytest.approx(0.1)  # κ = 0: g alone
 
 
 def test_a_dip_below_break_even_does_not_drop_a_row_where_rows_like_it_pay():
@@ -345,6 +345,7 @@ def test_a_generation_drafts_only_where_its_first_choice_gains_generation_min_ga
     run = fallback.start(start(2), Costs(draft_row=draft_row))
     rows = torch.arange(2)
     assert run.predicted_gain(rows, torch.tensor([True, True]), run.depth(rows)) == pytest.approx(3 / (1 + 2 * draft_row) / 2 - 1)
+    assert run.predicted_gain(rows, torch.tensor([False, False]), run.depth(rows)) == 0.0  # drafting no row adds nothing
     assert run.drafts is drafts
 
 

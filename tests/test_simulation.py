@@ -1,6 +1,7 @@
 """The trace-driven load simulator: traces from records, synthetic traces with a chosen τ, and simulated
 runs checked against hand computations and against the real loop on a tiny model."""
 
+import attrs
 import pytest
 import torch
 
@@ -78,6 +79,40 @@ def test_the_scheduler_with_its_fallback_stops_drafting_when_it_cannot_pay():
     fixed = simulate(trace, FixedLength(4), costs, rows=8, new_tokens=64)
     assert scheduled.aggregate_tokens_per_s > fixed.aggregate_tokens_per_s
     assert scheduled.aggregate_tokens_per_s > 0.9 * plain.aggregate_tokens_per_s
+
+
+class DecidedRun:
+    """A row fallback whose runs draft for every row and say, with ``drafts``, whether their generation drafts."""
+
+    def __init__(self, drafts: bool):
+        self.drafts = drafts
+
+    def start(self, generation, cost_model):
+        return self
+
+    def draft_rows(self, rows):
+        return None
+
+    def observe(self, record):
+        pass
+
+
+@attrs.frozen
+class FixedWithFallback(FixedLength):
+    """FixedLength(γ) carrying a row fallback."""
+
+    row_fallback: DecidedRun = attrs.field(kw_only=True)
+
+
+def test_a_run_that_drafts_nothing_replays_as_plain_decoding():
+    """As in the loop, a fallback run whose drafts is False makes the generation plain decoding: the same steps and
+    seconds as FixedLength(0); with drafts True the same policy drafts and verifies."""
+    trace = synthetic_trace(3.0, 4, streams=4, blocks=16, seed=2)
+    costs = ConstantCostModel(step_seconds=1.0, draft_seconds=0.2)
+    plain = simulate(trace, FixedLength(0), costs, rows=4, new_tokens=32)
+    declined = simulate(trace, FixedWithFallback(4, row_fallback=DecidedRun(False)), costs, rows=4, new_tokens=32)
+    assert (declined.steps, declined.seconds, declined.mean_verify_length) == (plain.steps, plain.seconds, 0.0)
+    assert simulate(trace, FixedWithFallback(4, row_fallback=DecidedRun(True)), costs, rows=4, new_tokens=32).mean_verify_length > 0
 
 
 @pytest.mark.parametrize(

@@ -98,7 +98,7 @@ finish before the longest, which do not shorten it; and because the choice reads
 To notice when drafting starts to pay again, after ``generation_probe_after`` such generations in a row at one
 batch size and band one is probed: its first step drafts for every row, and the rows go on by the rules above;
 the wait doubles after each probed one, up to ``max_generation_probe_interval`` (``GainPrior.idle_generation``),
-and a generation whose first choice drafts starts the count over.
+and a generation whose first choice drafts starts the count and the wait over.
 
 The prior belongs to one drafter and target: give each wrapped model its own scheduler (``wrap`` and the presets in
 ``dspark.strategies`` make a new one each time).
@@ -213,8 +213,9 @@ class GainPrior:
     whose rows finish one by one keeps its prior), over every generation of
     one ``GoodputFallback``: the smoothed gain g and verify length λ of drafted rows (a new row's first
     estimate), and the largest gain one row showed in a step, with its verify length (the probe ceiling);
-    the probe interval its rows last reached; per sampling band, the realised ratio ρ of accepted tokens to
-    their expected count.
+    the probe interval its rows last reached; how many generations in a row ran as plain decoding, and how many
+    may before one is probed (module docstring); per sampling band, the realised ratio ρ of accepted tokens to
+    their expected count; the catch-up rates of the latest passes.
 
     ``smoothing``: the weight of each step's drafted rows in g and λ (their mean over the first 1/``smoothing``
     steps at a batch size and band, then exponential smoothing); ``realised_discount``: what ρ's sums are
@@ -257,7 +258,7 @@ class GainPrior:
         return self.intervals.get((band, _size_bucket(rows)))
 
     def idle_generation(self, band: str, rows: int, probe_after: int, max_interval: int) -> bool:
-        """A generation of this size and band whose first choice drafts for no row: True if it is to be probed
+        """A generation of this size and band that is not to draft (``GoodputFallbackRun.drafts``): True if it is to be probed
         anyway (its first step drafted for every row) because as many such generations as the current interval
         (``probe_after`` at first, doubled by each such probe up to ``max_interval``) ran as plain decoding before
         it; else False, counting it."""
@@ -272,7 +273,8 @@ class GainPrior:
         return False
 
     def drafting_generation(self, band: str, rows: int) -> None:
-        """A generation of this size and band whose first choice drafts: the count of plain ones starts over."""
+        """A generation of this size and band whose first choice probes or clears the margin (``GoodputFallbackRun.drafts``):
+        the count of plain ones and the wait start over."""
         key = (band, _size_bucket(rows))
         self.idle_generations.pop(key, None)
         self.generation_intervals.pop(key, None)
@@ -426,8 +428,10 @@ class GoodputFallbackRun:
 
     def predicted_gain(self, rows: torch.Tensor, chosen: torch.Tensor, depths: torch.Tensor) -> float:
         """Θ(S) / Θ(∅) − 1: what drafting the ``chosen`` of ``rows`` (``depths`` deep) is predicted to add to the
-        goodput, the rule's Θ with the estimates the choice reads (module docstring); +inf where drafting them costs
-        nothing avoidable."""
+        goodput, the rule's Θ with the estimates the choice reads (module docstring); 0 for no row, +inf where drafting
+        costs nothing avoidable."""
+        if not bool(chosen.any()):
+            return 0.0
         if self.avoidable_draft_time(rows.numel(), max(self.max_draft_tokens, 1)) <= 0:
             return math.inf
         drafted = rows[chosen]
@@ -494,7 +498,8 @@ class GoodputFallbackRun:
 
     def _choice(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(chosen, probes, depths) for ``rows``: the rows in the best predicted set, the rows to probe (never observed,
-        or due and a probe could pay), BoolTensors[R], and every row's ``depth``. Rows new to the run take the prior's
+        or due and a probe could pay, or due at all in a probed generation's first step), BoolTensors[R], and every
+        row's ``depth``. Rows new to the run take the prior's
         estimate first, the only change it makes."""
         prior = self.fallback.prior.get(self.band, rows.numel())
         new = rows[~self.observed[rows]]
