@@ -336,7 +336,7 @@ class GoodputFallback:
     ``generation_min_gain`` (a share of plain decoding's), runs as plain decoding (``GoodputFallbackRun.drafts``),
     except that after ``generation_probe_after`` such generations in a row of one batch size and band, one drafts
     its first step for every row, and the wait doubles after each, up to ``max_generation_probe_interval``; a
-    generation whose first choice drafts starts the count over.
+    generation whose first choice drafts starts the count and the wait over.
 
     ``depth_margin``: a drafted row gets ⌈λ_r⌉ tokens (at least 1, at most γ), as many as the scheduler has
     been verifying for it, and ``depth_margin`` more on one of every ``probe_after`` of its drafted steps, so
@@ -432,16 +432,23 @@ class GoodputFallbackRun:
         costs nothing avoidable."""
         if not bool(chosen.any()):
             return 0.0
-        if self.avoidable_draft_time(rows.numel(), max(self.max_draft_tokens, 1)) <= 0:
+        if self._drafting_is_free(rows):
             return math.inf
-        drafted = rows[chosen]
+        _, theta = drafting_goodput(*self._goodput_problem(rows, chosen, depths))
+        return float(theta[-1] / theta[0]) - 1.0
+
+    def _drafting_is_free(self, rows: torch.Tensor) -> bool:
+        """Whether drafting a whole block for ``rows`` costs nothing that skipping would save (prompt lookup)."""
+        return self.avoidable_draft_time(rows.numel(), max(self.max_draft_tokens, 1)) <= 0
+
+    def _goodput_problem(self, rows: torch.Tensor, candidates: torch.Tensor, depths: torch.Tensor) -> tuple:
+        """The arguments of ``drafting_goodput`` and ``choose`` for drafting the ``candidates`` (BoolTensor[R]) of
+        ``rows``: their ρ·w_r·ĝ_r and round(λ_r), Σ w over ``rows``, R, T, and D at the candidates' deepest depth."""
+        drafted = rows[candidates]
         prior = self.fallback.prior.get(self.band, rows.numel())
         gains = self.priority[drafted] * self.shrunk_gain(drafted, prior) * self.fallback.prior.realised_ratio(self.band)
-        _, theta = drafting_goodput(
-            gains, self.verify[drafted].round().long(), float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time,
-            functools.partial(self.resume_draft_time, batch=rows.numel(), depth=max(int(depths[chosen].max()), 1)),
-        )
-        return float(theta[-1] / theta[0]) - 1.0
+        draft_time = functools.partial(self.resume_draft_time, batch=rows.numel(), depth=max(int(depths[candidates].max()), 1))
+        return gains, self.verify[drafted].round().long(), float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, draft_time
 
     def avoidable_draft_time(self, rows: int, depth: int | None = None) -> float:
         """D(k): what drafting ``rows`` rows ``depth`` tokens deep (None: the whole block) adds to a step that drafts
@@ -499,29 +506,21 @@ class GoodputFallbackRun:
     def _choice(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(chosen, probes, depths) for ``rows``: the rows in the best predicted set, the rows to probe (never observed,
         or due and a probe could pay, or due at all in a probed generation's first step), BoolTensors[R], and every
-        row's ``depth``. Rows new to the run take the prior's
-        estimate first, the only change it makes."""
+        row's ``depth``. Rows new to the run take the prior's estimate first, the only change it makes."""
         prior = self.fallback.prior.get(self.band, rows.numel())
         new = rows[~self.observed[rows]]
         if prior is not None and new.numel() > 0:
             self.gain[new], self.verify[new], self.observed[new] = prior[0], prior[1], True
         observed = self.observed[rows]
-        candidates = rows[observed]
         chosen = torch.zeros(rows.numel(), dtype=torch.bool)
         depths = self.depth(rows)
         deepest = max(int(depths.max()), 1)  # a cost model prices depths >= 1
-        if self.avoidable_draft_time(rows.numel(), max(self.max_draft_tokens, 1)) <= 0:
-            # Drafting a whole block costs nothing that skipping would save (prompt lookup): skipping would only
-            # stop the row from being measured, so every row is drafted for and the scheduler alone decides what
-            # to verify.
+        if self._drafting_is_free(rows):
+            # Skipping would only stop the row from being measured, so every row is drafted for and the scheduler
+            # alone decides what to verify.
             chosen[:] = True
-        elif candidates.numel() > 0:
-            gains = self.priority[candidates] * self.shrunk_gain(candidates, prior) * self.fallback.prior.realised_ratio(self.band)
-            chosen[observed] = self.fallback.choose(
-                gains, self.verify[candidates].round().long(), float(self.priority[rows].sum()), rows.numel(),
-                self.cost_model.step_time,
-                functools.partial(self.resume_draft_time, batch=rows.numel(), depth=max(int(depths[observed].max()), 1)),
-            )
+        elif bool(observed.any()):
+            chosen[observed] = self.fallback.choose(*self._goodput_problem(rows, observed, depths))
         due = ~chosen & self._due(rows)
         if bool(due.any()) and not self._probed_generation:
             if not self._a_probe_could_pay(rows, self.probe_interval_cap(rows.numel(), deepest), deepest):
