@@ -591,19 +591,47 @@ def test_online_draft_correction_learns_seconds_where_the_base_knows_none():
     assert scaled.draft_time(2, 3) == pytest.approx(0.015) and scaled.report()["draft_correction"] == pytest.approx(1.5)
 
 
-def test_one_outlier_moves_a_correction_by_at_most_one_plus_smoothing():
-    """A drafting pass 40x the base (a first pass reading the whole prompt) moves the estimate by 1 + α at most; a lasting change is still followed."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005), smoothing=0.1)
-    model.observe_draft(1, 0.2, 3)
-    assert model.draft_time(1, 3) == pytest.approx(0.005 * 1.1)
+def test_one_outlier_moves_a_correction_halfway_early_and_by_at_most_one_plus_smoothing_later():
+    """A step 40x the base (a pause of the process), as a cell's first observation, moves its median halfway to the
+    bound and no further once one step agrees with the prior; in a cell past its first ⌈1/α⌉ values, one moves it by
+    1 + α at most; a lasting change is still followed."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03), smoothing=0.1)
+    model.observe_step(1, 1, 1.2)
+    assert model.step_time(1, 1) == pytest.approx(0.03 * 1.5)  # the median of the prior (the profile, 1) and the bounded 2
+    model.observe_step(1, 1, 0.03)
+    assert model.step_time(1, 1) == pytest.approx(0.03)  # the median of 1, 2 and 1
     for _ in range(10):
-        model.observe_draft(1, 0.005, 3)
-    assert model.draft_time(1, 3) < 0.005 * 1.04
-    model.observe_step(1, 1, 1e-6)
-    assert model.step_time(1, 1) == pytest.approx(0.03 * 0.95)
+        model.observe_step(1, 1, 0.03)
+    model.observe_step(1, 1, 1.2)
+    assert model.step_time(1, 1) == pytest.approx(0.03 * 1.1)
     for _ in range(80):
         model.observe_step(1, 1, 0.09)
     assert model.step_time(1, 1) == pytest.approx(0.09, rel=0.01)
+
+
+def test_a_cell_seen_a_few_times_answers_with_what_they_took():
+    """Three observations of a cell at 1.3x the base set its correction to 1.3 (their median with the start), where
+    smoothing alone would leave it at 1.08: a drafted step seen only in a warm-up is priced as it ran."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.01), smoothing=0.1)
+    for _ in range(3):
+        model.observe_step(16, 2, 0.13)
+        model.observe_draft(16, 0.013, 1)
+    assert model.step_correction(16, 2) == pytest.approx(1.3) and model.step_time(16, 2) == pytest.approx(0.13)
+    assert model.draft_time(16, 1) == pytest.approx(0.013)
+    assert model.report()["step_correction"] == pytest.approx(1 + 0.3 * (1 - 0.9**3))  # g is smoothed from 1 on
+
+
+def test_a_cell_seen_once_moves_with_the_cell_it_would_follow_unobserved():
+    """A two-token cell seen once, before the one-token cell, answers with the median of its ratio and of what it would
+    answer unobserved, read afresh: once one-token steps teach a slower machine, it follows (1.2 and 1.3 give 1.25)."""
+    base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.100, 0.110))))
+    model = OnlineCorrectedCostModel(base, smoothing=0.1)
+    model.observe_step(16, 2, 0.110 * 1.3)
+    assert model.step_correction(16, 2) == pytest.approx(1.15)  # the prior: the profile, 1
+    for _ in range(30):
+        model.observe_step(16, 1, 0.100 * 1.2)
+    assert model.step_correction(16, 1) == pytest.approx(1.2)
+    assert model.step_correction(16, 2) == pytest.approx(1.25)
 
 
 def test_online_draft_correction_is_learnt_per_depth():

@@ -8,12 +8,22 @@ T new tokens, and of k drafted tokens (the drafting surface has depth k where th
 what follows says T for both); a cell is a pair (bucket(R), bucket(T)) with ``bucket(n)`` = n up to 16, else the
 next power of two (``dspark.fast_path.row_bucket``), so the cells, and the memory, stay bounded
 whatever the batch. Each observation of a step that took s seconds where the base predicted
-p = t₀(R, T) > 0 updates its cell's correction k ← k + α·(clip(s/p) − k) (exponential smoothing,
-α = ``smoothing``), and the global correction g the same way; a cell's k starts, the first time it is
-observed, at the k it answered with before (below), and g at 1. ``clip`` bounds an observation to [k/2, 2k]: one outlier (a pause of the
-process, a drafter's first pass that also reads the whole prompt) moves a correction by at most a
-factor 1 + α, where unbounded it could multiply it many times over and make drafting look too dear
-to ever try again, while a lasting change is still followed, by up to 1 + α per step. The corrected
+p = t₀(R, T) > 0 gives its cell the ratio clip(s/p). While a cell's ratios, with one more value, number at
+most ⌈1/α⌉ (α = ``smoothing``), its correction k is their median with that value: the k it would answer
+with unobserved (below), read afresh at every answer. From then on each ratio smooths k,
+k ← k + α·(clip(s/p) − k), starting from the median's last answer. The global correction g starts at 1
+and is smoothed from the first ratio on. Why a median first: smoothing alone keeps a cell seen a few
+times near where it started (3 observations move it 27% of the way at α = 0.1), and one start is the
+profile, measured on another day: at 16 rows on a CPU the drafted cells, seen only in a 4-token
+warm-up, kept prices well below what their steps took while plain generations taught the one-token cell
+the machine's pace, so a generation's first choice saw a gain in drafting that was not there. Why the
+unobserved k as one value, read afresh: a lone first ratio then moves k only halfway, and a cell seen
+once moves with the cell it follows (the one-token cell, above, as it learns the machine's pace). A
+median, because one early observation can be far off (a pass after skipped steps reads their columns).
+``clip`` bounds a ratio to [k/2, 2k] of the current k: once smoothing, one outlier (a pause of the
+process, a drafter's pass that also reads the whole prompt) moves a correction by at most a factor
+1 + α, where unbounded it could multiply it many times over and make drafting look too dear to ever try
+again, while a lasting change is still followed, by up to 1 + α per step. The corrected
 time of a point in a cell is h = t₀(R, T)·k; a cell never observed takes the k of the widest
 observed cell of its row bucket with fewer tokens: the profile's shape along tokens is kept where nothing
 says otherwise (a per-row fixed overhead makes narrow cells' k larger, and giving wider cells g would
@@ -26,8 +36,8 @@ one-token step without drafts does not do (scoring, scheduling and accepting the
 forward), so a k taken from them prices the one-token step too high and drafting too cheap, an error no
 step would ever correct; a k too low makes skipping look cheap, and the skipped steps then measure the
 cell. A drafting cell errs the other way for the same reason: only drafting observes it. Where the base predicts 0 (a cost
-model that knows no drafting time), a cell instead smooths the observed seconds themselves (bounded
-the same way); an unobserved one takes the seconds of the widest observed cell of its row bucket with
+model that knows no drafting time), a cell instead learns the observed seconds themselves (the same
+way, from the global average when there is one); an unobserved one takes the seconds of the widest observed cell of its row bucket with
 fewer tokens, else of the narrowest with more (a shallow pass is not charged the average of deeper
 ones), else the global average.
 
@@ -48,7 +58,9 @@ corrected model learns the whole cost a step's choice incurs, not the bare forwa
 from __future__ import annotations
 
 import bisect
+import math
 import numbers
+import statistics
 from collections.abc import Callable
 
 from dspark.checks import check_int, check_seconds
@@ -77,24 +89,45 @@ def _buckets_up_to(count: int) -> list[int]:
 _OUTLIER_BOUND = 2.0
 
 
+class _Learnt:
+    """One learnt quantity, a cell's ratio observed/predicted or its seconds: while its observations, with the prior,
+    number fewer than ⌈1/α⌉ (``early``), the median of them and of the prior, what the cell would answer with
+    unobserved, read afresh at every answer; then exponentially smoothed (module docstring)."""
+
+    __slots__ = ("early", "smoothed")
+
+    def __init__(self, smoothed: float | None = None):
+        self.early: list[float] = []
+        self.smoothed = smoothed
+
+    def value(self, prior: float | None) -> float | None:
+        """What it answers with, ``prior`` being what its cell would answer with unobserved (None where nothing would)."""
+        if self.smoothed is not None:
+            return self.smoothed
+        values = self.early if prior is None else [prior, *self.early]
+        return statistics.median(values) if values else None
+
+    def learn(self, value: float, smoothing: float, prior: float | None) -> None:
+        """Learn one observation, bounded to a factor ``_OUTLIER_BOUND`` of the current answer."""
+        current = self.value(prior)
+        if current is not None and current > 0:
+            value = min(max(value, current / _OUTLIER_BOUND), current * _OUTLIER_BOUND)
+        if self.smoothed is None and len(self.early) + (prior is not None) + 1 <= math.ceil(1 / smoothing):
+            self.early.append(value)
+            return
+        if self.smoothed is None:  # the median's last answer is where smoothing starts
+            self.smoothed, self.early = (value if current is None else current), []
+        self.smoothed += smoothing * (value - self.smoothed)
+
+
 class _Cell:
-    """What one cell (or the whole surface) has learnt: a smoothed ratio observed/predicted, and
-    smoothed seconds for points where the base predicts 0."""
+    """What one cell has learnt, where it was observed: its ratio, and seconds where the base predicts 0."""
 
     __slots__ = ("ratio", "seconds")
 
-    def __init__(self, ratio: float | None = None, seconds: float | None = None):
-        self.ratio, self.seconds = ratio, seconds
-
-
-def _smooth(current: float | None, value: float, smoothing: float, start: float | None) -> float:
-    """One step of exponential smoothing from ``current`` (or from ``start``, or ``value`` itself, when there
-    is none yet), with ``value`` bounded to a factor ``_OUTLIER_BOUND`` of where it starts from."""
-    if current is None:
-        current = value if start is None else start
-    if current > 0:
-        value = min(max(value, current / _OUTLIER_BOUND), current * _OUTLIER_BOUND)
-    return current + smoothing * (value - current)
+    def __init__(self):
+        self.ratio: _Learnt | None = None
+        self.seconds: _Learnt | None = None
 
 
 def _neighbours(observed: list[int], bucket: int) -> tuple[int | None, int | None]:
@@ -113,7 +146,8 @@ class _CorrectedSurface:
         # A step surface: an unobserved cell with no narrower observed cell takes at most the profile (module docstring).
         self.profile_caps_unobserved = profile_caps_unobserved
         self.cells: dict[tuple[int, int], _Cell] = {}
-        self.overall = _Cell(ratio=1.0)
+        self.overall = _Cell()  # g, smoothed from 1, and the average observed seconds
+        self.overall.ratio, self.overall.seconds = _Learnt(smoothed=1.0), _Learnt()
         self._ratio_tokens: dict[int, list[int]] = {}  # per row bucket, the token buckets with a learnt ratio, sorted
         self._seconds_tokens: dict[int, list[int]] = {}  # likewise, with learnt seconds
         self._answers: dict[tuple[int, int], float] = {}
@@ -134,45 +168,57 @@ class _CorrectedSurface:
             cell = self.cells[key] = _Cell()
         predicted = self._base(rows, tokens)
         if predicted > 0:
-            ratio = seconds / predicted
-            inherited = self.correction(key)  # where an unobserved cell starts: the k it was answering with
+            prior = self._unobserved_correction(key)  # read before the cell counts as observed
             if cell.ratio is None:
+                cell.ratio = _Learnt()
                 bisect.insort(self._ratio_tokens.setdefault(key[0], []), key[1])
-            cell.ratio = _smooth(cell.ratio, ratio, self.smoothing, start=inherited)
-            self.overall.ratio = _smooth(self.overall.ratio, ratio, self.smoothing, start=None)
+            cell.ratio.learn(seconds / predicted, self.smoothing, prior=prior)
+            self.overall.ratio.learn(seconds / predicted, self.smoothing, prior=None)
         else:
             if cell.seconds is None:
+                cell.seconds = _Learnt()
                 bisect.insort(self._seconds_tokens.setdefault(key[0], []), key[1])
-            cell.seconds = _smooth(cell.seconds, seconds, self.smoothing, start=self.overall.seconds)
-            self.overall.seconds = _smooth(self.overall.seconds, seconds, self.smoothing, start=None)
+            cell.seconds.learn(seconds, self.smoothing, prior=self._average_seconds())
+            self.overall.seconds.learn(seconds, self.smoothing, prior=None)
         self._answers.clear()
+
+    def _average_seconds(self) -> float | None:
+        return self.overall.seconds.value(None)
 
     def _corrected(self, key: tuple[int, int], rows: int, tokens: int) -> float:
         """h at the point (rows, tokens) of cell ``key``."""
         base = self._base(rows, tokens)
-        cell = self.cells.get(key)
         if base > 0:
             return base * self.correction(key)
-        if cell is not None and cell.seconds is not None:
-            return cell.seconds
         narrower, wider = _neighbours(self._seconds_tokens.get(key[0], []), key[1])
-        if narrower is not None or wider is not None:
-            return self.cells[(key[0], wider if narrower is None else narrower)].seconds
-        return self.overall.seconds if self.overall.seconds is not None else 0.0
+        cell = self.cells.get(key)
+        if cell is None or cell.seconds is None:
+            cell = None if narrower is None and wider is None else self.cells[(key[0], wider if narrower is None else narrower)]
+        seconds = self._average_seconds() if cell is None else cell.seconds.value(self._average_seconds())
+        return 0.0 if seconds is None else seconds
 
     def correction(self, key: tuple[int, int]) -> float:
-        """The k of cell ``key``: its own, else that of the widest observed cell of its row bucket with fewer tokens,
-        else g, or on a step surface the least of 1, g and that of the narrowest with more (module docstring)."""
+        """The k of cell ``key``: its own learnt ratio, with the k it would answer with unobserved as the prior
+        (``_unobserved_correction``) while it has few observations (module docstring)."""
         cell = self.cells.get(key)
-        if cell is not None and cell.ratio is not None:
-            return cell.ratio
+        if cell is None or cell.ratio is None:
+            return self._unobserved_correction(key)
+        if cell.ratio.smoothed is not None:
+            return cell.ratio.smoothed
+        return cell.ratio.value(self._unobserved_correction(key))
+
+    def _unobserved_correction(self, key: tuple[int, int]) -> float:
+        """The k cell ``key`` answers with unobserved: that of the widest observed cell of its row bucket with fewer
+        tokens, else g, or on a step surface the least of 1, g and the ratios observed in the narrowest with more."""
         narrower, wider = _neighbours(self._ratio_tokens.get(key[0], []), key[1])
         if narrower is not None:
-            return self.cells[(key[0], narrower)].ratio
+            return self.correction((key[0], narrower))
+        overall = self.overall.ratio.smoothed
         if not self.profile_caps_unobserved:
-            return self.overall.ratio
-        at_most_profile = min(1.0, self.overall.ratio)
-        return at_most_profile if wider is None else min(at_most_profile, self.cells[(key[0], wider)].ratio)
+            return overall
+        at_most_profile = min(1.0, overall)
+        # The wider cell's own observations, without its prior: that prior would be this cell's k.
+        return at_most_profile if wider is None else min(at_most_profile, self.cells[(key[0], wider)].ratio.value(None))
 
     def __call__(self, rows: int, tokens: int) -> float:
         answer = self._answers.get((rows, tokens))
@@ -269,7 +315,7 @@ class OnlineCorrectedCostModel:
         check_int("rows", rows, 1)
         if depth is None:
             base = float(self.base.draft_time(rows, None))
-            return base * self._drafts.overall.ratio if base > 0 else (self._drafts.overall.seconds or 0.0)
+            return base * self._drafts.overall.ratio.smoothed if base > 0 else (self._drafts._average_seconds() or 0.0)
         check_int("depth", depth, 1)
         return self._drafts(rows, depth)
 
@@ -285,9 +331,9 @@ class OnlineCorrectedCostModel:
         """What has been learnt for the kind of generation last started (greedy or sampled): the global step and
         drafting corrections and how many cells were observed."""
         return {
-            "step_correction": self._steps.overall.ratio,
-            "draft_correction": self._drafts.overall.ratio,
-            "draft_seconds": self._drafts.overall.seconds,
+            "step_correction": self._steps.overall.ratio.smoothed,
+            "draft_correction": self._drafts.overall.ratio.smoothed,
+            "draft_seconds": self._drafts._average_seconds(),
             "step_cells": len(self._steps.cells),
             "draft_cells": len(self._drafts.cells),
         }
