@@ -25,7 +25,9 @@ logistic model of its signals), greedy and/or at temperature 1:
   that drift in the machine's speed hits every policy alike;
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
   length against c (Figure 8). The JSON is written after every setting, with ``"complete": false`` until
-  the last one is done.
+  the last one is done, and records the code measured (git ids of ``dspark``, this script and
+  ``pyproject.toml``); ``--resume`` goes on with a cut run of the same settings on the same code as
+  committed, keeping the settings it measured.
 
 Every greedy output is checked against plain decoding's; sampled outputs are lossless by the
 sampling law tests. Sampled runs ignore EOS, so that every policy generates the same number of tokens
@@ -38,8 +40,10 @@ amounts of work).
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -76,6 +80,10 @@ def _parse_args(argv):
     parser.add_argument("--lookup-calibration", default=str(RESULTS / "calibration_prompt_lookup"))
     parser.add_argument("--data-dir", default=None, help="the prompt-data folder holding eval/ (default: dspark.training.default_data_dir())")
     parser.add_argument("--output", type=Path, default=RESULTS / "bench_load.json")
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="go on with the cut run in --output: same settings, same code as committed; the settings it measured are kept, not rerun",
+    )
     args = parser.parse_args(argv)
     args.concurrency = [int(value) for value in args.concurrency.split(",")]
     args.modes = [mode for mode in args.modes.split(",") if mode]
@@ -209,6 +217,35 @@ def _plot(report: dict, output: Path) -> None:
         plt.close(figure)
 
 
+#: What a run measures: a cut run is resumed only where these are as they were, unchanged since their commit.
+_MEASURED_CODE = ("dspark", "benchmarks/bench_load.py", "pyproject.toml")
+
+
+def _code_version() -> dict:
+    """The git object ids of ``_MEASURED_CODE`` at HEAD, and whether any of them differed from HEAD."""
+    def git(*command: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *command], capture_output=True, text=True, check=True).stdout.strip()
+
+    objects = {path: git("rev-parse", f"HEAD:{path}") for path in _MEASURED_CODE}
+    return {"objects": objects, "dirty": bool(git("status", "--porcelain", "--", *_MEASURED_CODE))}
+
+
+def _resumed(output: Path, fresh: dict) -> dict:
+    """The cut run in ``output`` to go on with, checked to have measured what ``fresh`` would: its settings, and the
+    same code (``_MEASURED_CODE``), unchanged since its commit then and now. What the policies had learnt when it was cut (the fallback's prior, the online
+    corrections) is not kept: a run cut between drafters loses nothing, since each drafter's policies start afresh."""
+    if not output.exists():
+        raise SystemExit(f"--resume: {output} does not exist")
+    previous = json.loads(output.read_text())
+    if previous.get("complete") is not False:
+        raise SystemExit(f"--resume: {output} is not a cut run (complete: {previous.get('complete')!r})")
+    if previous.get("settings") != fresh["settings"]:
+        raise SystemExit(f"--resume: {output} was run with settings {previous.get('settings')}, not {fresh['settings']}")
+    if fresh["code"]["dirty"] or previous.get("code") != fresh["code"]:
+        raise SystemExit(f"--resume: {output} measured code {previous.get('code')}, this is {fresh['code']}: both must be the same, as committed")
+    return {**previous, "resumed": [*previous.get("resumed", []), fresh["command"]]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = _parse_args(argv)
     transformers_logging.disable_progress_bar()
@@ -225,13 +262,24 @@ def main(argv: list[str] | None = None) -> dict:
         "prompt_lookup": (PromptLookupDrafter(), lambda: calibrated_estimator(lookup_calibration), PromptLookupDrafter().max_draft_tokens),
     }
     drafters = {name: drafters[name] for name in args.drafters}
-    report = {"command": shlex.join([sys.executable, *sys.argv]), "settings": {**vars(args), "output": str(args.output)}, "results": {}, "mismatches": []}
+    settings = {name: value for name, value in vars(args).items() if name != "resume"}
+    report = {
+        "command": shlex.join([sys.executable, *sys.argv]), "code": _code_version(),
+        "settings": {**settings, "output": str(args.output)}, "results": {}, "mismatches": [],
+    }
+    if args.resume:
+        report = _resumed(args.output, report)
     runs = len(drafters) * len(args.modes) * len(args.concurrency) * len(args.policies)
     with tqdm(total=runs, desc="load runs", unit="run", mininterval=30) as bar:
         for drafter_name, (drafter, make_confidence, gamma) in drafters.items():
-            policies = _policies(target, drafter, make_confidence, gamma, args.policies)
+            policies = None  # built where this drafter has a setting left to measure
             for mode in args.modes:
                 for c in args.concurrency:
+                    if str(c) in report["results"].get(drafter_name, {}).get(mode, {}):
+                        bar.update(len(args.policies))  # measured before the run was cut
+                        continue
+                    if policies is None:
+                        policies = _policies(target, drafter, make_confidence, gamma, args.policies)
                     batches = [encode_chat(bundle.tokenizer, messages[start : start + c]) for start in range(0, c * batches_at[c], c)]
                     entries, tokens = _run_setting(target, policies, batches, MODES[mode], args.max_new_tokens, args.repeats, bar)
                     if mode == "greedy":
