@@ -26,8 +26,9 @@ logistic model of its signals), greedy and/or at temperature 1:
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
   length against c (Figure 8). The JSON is written after every setting, with ``"complete": false`` until
   the last one is done, and records the code measured (git ids of ``dspark``, this script and
-  ``pyproject.toml``); ``--resume`` goes on with a cut run of the same settings on the same code as
-  committed, keeping the settings it measured.
+  ``pyproject.toml``, torch's and transformers' versions); ``--resume`` goes on with a cut run of the
+  same settings on the same code as committed, keeping the drafters it finished (an unfinished drafter is
+  measured again from its first setting: its policies learn across settings).
 
 Every greedy output is checked against plain decoding's; sampled outputs are lossless by the
 sampling law tests. Sampled runs ignore EOS, so that every policy generates the same number of tokens
@@ -49,6 +50,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 from tqdm import tqdm
 from transformers.utils import logging as transformers_logging
 
@@ -82,7 +84,7 @@ def _parse_args(argv):
     parser.add_argument("--output", type=Path, default=RESULTS / "bench_load.json")
     parser.add_argument(
         "--resume", action="store_true",
-        help="go on with the cut run in --output: same settings, same code as committed; the settings it measured are kept, not rerun",
+        help="go on with the cut run in --output (same settings, same code as committed): the drafters it finished are kept, the others run from their first setting",
     )
     args = parser.parse_args(argv)
     args.concurrency = [int(value) for value in args.concurrency.split(",")]
@@ -222,18 +224,27 @@ _MEASURED_CODE = ("dspark", "benchmarks/bench_load.py", "pyproject.toml")
 
 
 def _code_version() -> dict:
-    """The git object ids of ``_MEASURED_CODE`` at HEAD, and whether any of them differed from HEAD."""
-    def git(*command: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *command], capture_output=True, text=True, check=True).stdout.strip()
+    """The git object ids of ``_MEASURED_CODE`` at HEAD, whether any of them differed from HEAD, and the versions of
+    torch and transformers; ``{"unknown": why}`` where git cannot say or the ``dspark`` imported is not this checkout's."""
+    if Path(dspark.__file__).resolve().parent != ROOT / "dspark":
+        return {"unknown": f"dspark is imported from {Path(dspark.__file__).parent}, not {ROOT / 'dspark'}"}
+    try:
+        def git(*command: str) -> str:
+            return subprocess.run(["git", "-C", str(ROOT), *command], capture_output=True, text=True, check=True).stdout.strip()
 
-    objects = {path: git("rev-parse", f"HEAD:{path}") for path in _MEASURED_CODE}
-    return {"objects": objects, "dirty": bool(git("status", "--porcelain", "--", *_MEASURED_CODE))}
+        objects = {path: git("rev-parse", f"HEAD:{path}") for path in _MEASURED_CODE}
+        dirty = bool(git("status", "--porcelain", "--", *_MEASURED_CODE))
+    except (OSError, subprocess.CalledProcessError) as error:
+        return {"unknown": f"git could not read {', '.join(_MEASURED_CODE)} under {ROOT}: {getattr(error, 'stderr', None) or error}"}
+    return {"objects": objects, "dirty": dirty, "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
 
 
 def _resumed(output: Path, fresh: dict) -> dict:
     """The cut run in ``output`` to go on with, checked to have measured what ``fresh`` would: its settings, and the
-    same code (``_MEASURED_CODE``), unchanged since its commit then and now. What the policies had learnt when it was cut (the fallback's prior, the online
-    corrections) is not kept: a run cut between drafters loses nothing, since each drafter's policies start afresh."""
+    same code (``_MEASURED_CODE``, unchanged since its commit then and now) and versions. A drafter it had not
+    finished is dropped and measured again from its first setting: its policies learn across its settings (the
+    fallback's prior, the online corrections), so a setting measured after the cut with fresh policies would not
+    be what an uncut run measures; each drafter's policies start afresh anyway."""
     if not output.exists():
         raise SystemExit(f"--resume: {output} does not exist")
     previous = json.loads(output.read_text())
@@ -241,13 +252,32 @@ def _resumed(output: Path, fresh: dict) -> dict:
         raise SystemExit(f"--resume: {output} is not a cut run (complete: {previous.get('complete')!r})")
     if previous.get("settings") != fresh["settings"]:
         raise SystemExit(f"--resume: {output} was run with settings {previous.get('settings')}, not {fresh['settings']}")
-    if fresh["code"]["dirty"] or previous.get("code") != fresh["code"]:
+    if "unknown" in fresh["code"] or fresh["code"]["dirty"] or previous.get("code") != fresh["code"]:
         raise SystemExit(f"--resume: {output} measured code {previous.get('code')}, this is {fresh['code']}: both must be the same, as committed")
-    return {**previous, "resumed": [*previous.get("resumed", []), fresh["command"]]}
+    settings = fresh["settings"]
+    finished = [
+        drafter for drafter, by_mode in previous["results"].items()
+        if all(str(c) in by_mode.get(mode, {}) for mode in settings["modes"] for c in settings["concurrency"])
+    ]
+    return {
+        **previous,
+        "results": {drafter: previous["results"][drafter] for drafter in finished},
+        "mismatches": [mismatch for mismatch in previous["mismatches"] if mismatch["drafter"] in finished],
+        "resumed": [*previous.get("resumed", []), fresh["command"]],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = _parse_args(argv)
+    for name in ("output", "lookup_calibration", "data_dir"):  # one file, however it was named
+        if getattr(args, name) is not None:
+            setattr(args, name, Path(getattr(args, name)).resolve())
+    settings = {name: (str(value) if isinstance(value, Path) else value) for name, value in vars(args).items() if name != "resume"}
+    report = {
+        "command": shlex.join([sys.executable, *sys.argv]), "code": _code_version(), "settings": settings, "results": {}, "mismatches": [],
+    }
+    if args.resume:
+        report = _resumed(args.output, report)
     transformers_logging.disable_progress_bar()
     bundle = pretrained.load()
     target = bundle.target
@@ -262,13 +292,6 @@ def main(argv: list[str] | None = None) -> dict:
         "prompt_lookup": (PromptLookupDrafter(), lambda: calibrated_estimator(lookup_calibration), PromptLookupDrafter().max_draft_tokens),
     }
     drafters = {name: drafters[name] for name in args.drafters}
-    settings = {name: value for name, value in vars(args).items() if name != "resume"}
-    report = {
-        "command": shlex.join([sys.executable, *sys.argv]), "code": _code_version(),
-        "settings": {**settings, "output": str(args.output)}, "results": {}, "mismatches": [],
-    }
-    if args.resume:
-        report = _resumed(args.output, report)
     runs = len(drafters) * len(args.modes) * len(args.concurrency) * len(args.policies)
     with tqdm(total=runs, desc="load runs", unit="run", mininterval=30) as bar:
         for drafter_name, (drafter, make_confidence, gamma) in drafters.items():
@@ -276,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
             for mode in args.modes:
                 for c in args.concurrency:
                     if str(c) in report["results"].get(drafter_name, {}).get(mode, {}):
-                        bar.update(len(args.policies))  # measured before the run was cut
+                        bar.update(len(args.policies))  # measured, with the rest of this drafter, before the run was cut
                         continue
                     if policies is None:
                         policies = _policies(target, drafter, make_confidence, gamma, args.policies)

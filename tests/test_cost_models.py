@@ -604,9 +604,14 @@ def test_one_outlier_moves_a_correction_halfway_early_and_by_at_most_one_plus_sm
         model.observe_step(1, 1, 0.03)
     model.observe_step(1, 1, 1.2)
     assert model.step_time(1, 1) == pytest.approx(0.03 * 1.1)
+    model.observe_step(1, 1, 1e-6)  # bounded to half the current k, 1.1
+    assert model.step_time(1, 1) == pytest.approx(0.03 * (1.1 + 0.1 * (0.55 - 1.1)))
     for _ in range(80):
         model.observe_step(1, 1, 0.09)
     assert model.step_time(1, 1) == pytest.approx(0.09, rel=0.01)
+    drafting = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005), smoothing=0.1)
+    drafting.observe_draft(1, 0.2, 1)  # a pass reading a whole prompt: the prior is g, 1.1 after this pass
+    assert drafting.draft_time(1, 1) == pytest.approx(0.005 * (1.1 + 2.0) / 2)
 
 
 def test_a_cell_seen_a_few_times_answers_with_what_they_took():
@@ -680,9 +685,9 @@ def test_an_unobserved_one_token_cell_is_priced_by_the_profile_not_by_dearer_wid
     assert model.step_correction(16, 1) == pytest.approx(1.1) and model.step_time(16, 1) == pytest.approx(0.125 * 1.1)
 
 
-def test_a_cells_first_observation_smooths_from_the_correction_it_answered_with():
-    """A one-token cell first observed at the profile's time keeps k = 1 (what it answered with), not halfway to a g of
-    1.4 that wider steps set; a wider cell's first observation starts from its narrower cell's k."""
+def test_a_cells_first_observation_is_taken_with_the_correction_it_answered_with():
+    """A one-token cell first observed at the profile's time keeps k = 1 (the median with what it answered with), not
+    halfway to a g of 1.4 that wider steps set; a wider cell's first observation is taken with its narrower cell's k."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2, 4), step_seconds=((0.030, 0.032, 0.036), (0.125, 0.139, 0.170))))
     model = OnlineCorrectedCostModel(base, smoothing=0.5)
     for _ in range(40):
@@ -692,6 +697,40 @@ def test_a_cells_first_observation_smooths_from_the_correction_it_answered_with(
     assert model.step_correction(16, 1) == pytest.approx(1.0)
     model.observe_step(16, 4, 0.170 * 1.6)
     assert model.step_correction(16, 4) == pytest.approx(1.5)  # from k(16, 2) = 1.4, halfway to 1.6
+
+
+def test_an_unobserved_one_token_cell_reads_a_wider_cells_own_ratios_while_it_has_few():
+    """A one-token cell with no observation of its own, capped by a two-token cell seen once at 0.8 of the profile,
+    answers 0.8 (that cell's own ratio), not the two-token cell's median with its prior."""
+    base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.100, 0.110))))
+    model = OnlineCorrectedCostModel(base, smoothing=0.1)
+    model.observe_step(16, 2, 0.110 * 0.8)
+    assert model.step_correction(16, 2) == pytest.approx(0.9)  # the median of the prior 1 and 0.8
+    assert model.step_correction(16, 1) == pytest.approx(0.8)
+
+
+def test_seconds_where_the_base_knows_none_are_learnt_as_a_median_first():
+    """Drafting seconds where the base predicts 0: a shallow cell's first pass is taken with the seconds a learnt
+    deeper cell answers with (their median), and one early outlier among three does not move it."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.1)
+    for seconds in (0.020, 0.021, 0.019):
+        model.observe_draft(1, seconds, 3)
+    assert model.draft_time(1, 3) == pytest.approx(0.020)
+    assert model.draft_time(1, 1) == pytest.approx(0.020)  # unobserved: the narrowest deeper cell's seconds
+    model.observe_draft(1, 0.010, 1)
+    assert model.draft_time(1, 1) == pytest.approx(0.015)  # the median of that prior and the pass
+    model.observe_draft(1, 0.030, 1)  # an outlier, bounded to twice the current 0.015
+    model.observe_draft(1, 0.010, 1)
+    assert model.draft_time(1, 1) == pytest.approx(0.015)  # the median of 0.020, 0.010, 0.030 and 0.010
+
+
+def test_a_cells_median_is_taken_over_a_bounded_number_of_values():
+    """With a tiny smoothing a cell's median still holds at most 16 values, then smooths."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.001)
+    for _ in range(40):
+        model.observe_step(1, 2, 0.15)
+    cell = model._steps.cells[(1, 2)].ratio
+    assert cell.early == [] and cell.smoothed == pytest.approx(1.5)
 
 
 def test_online_correction_memory_is_bounded():

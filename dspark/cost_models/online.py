@@ -9,8 +9,9 @@ what follows says T for both); a cell is a pair (bucket(R), bucket(T)) with ``bu
 next power of two (``dspark.fast_path.row_bucket``), so the cells, and the memory, stay bounded
 whatever the batch. Each observation of a step that took s seconds where the base predicted
 p = t₀(R, T) > 0 gives its cell the ratio clip(s/p). While a cell's ratios, with one more value, number at
-most ⌈1/α⌉ (α = ``smoothing``), its correction k is their median with that value: the k it would answer
-with unobserved (below), read afresh at every answer. From then on each ratio smooths k,
+most ⌈1/α⌉ (α = ``smoothing``; 16 values at most, for memory), its correction k is their median with that
+value: the k it would answer with unobserved (below), read afresh at every answer. From then on each ratio
+smooths k,
 k ← k + α·(clip(s/p) − k), starting from the median's last answer. The global correction g starts at 1
 and is smoothed from the first ratio on. Why a median first: smoothing alone keeps a cell seen a few
 times near where it started (3 observations move it 27% of the way at α = 0.1), and one start is the
@@ -29,17 +30,19 @@ observed cell of its row bucket with fewer tokens: the profile's shape along tok
 says otherwise (a per-row fixed overhead makes narrow cells' k larger, and giving wider cells g would
 flatten the curve, making extra tokens look free). With no such cell, a drafting cell takes g, and a step
 cell the least of 1 (the profile, which measured this very cell), g and the k of the narrowest observed
-cell of its row bucket with more tokens, if any. Such a step cell is typically the one-token step of a
+cell of its row bucket with more tokens, if any, from that cell's own ratios (while it has few, their
+median without its prior, which would be this cell's k). Such a step cell is typically the one-token step of a
 batch size whose every step has verified drafts (or, in the cumulative maximum below, of a smaller batch
 not seen yet), and only a choice not to draft would observe it. The wider steps' k carries work that a
 one-token step without drafts does not do (scoring, scheduling and accepting the drafts around a wider
 forward), so a k taken from them prices the one-token step too high and drafting too cheap, an error no
 step would ever correct; a k too low makes skipping look cheap, and the skipped steps then measure the
 cell. A drafting cell errs the other way for the same reason: only drafting observes it. Where the base predicts 0 (a cost
-model that knows no drafting time), a cell instead learns the observed seconds themselves (the same
-way, from the global average when there is one); an unobserved one takes the seconds of the widest observed cell of its row bucket with
-fewer tokens, else of the narrowest with more (a shallow pass is not charged the average of deeper
-ones), else the global average.
+model that knows no drafting time), a cell instead learns the observed seconds themselves, the same way:
+an unobserved one takes the seconds the widest observed cell of its row bucket with fewer tokens has
+learnt, else the narrowest with more (a shallow pass is not charged the average of deeper ones), each
+from its own observations, else the global seconds (learnt the same way without a prior), and that is the
+prior of its first observations.
 
 A larger batch must never look cheaper, or a scheduler would verify more than it should, so the
 answer is the cumulative maximum of h over all (R', T') ≤ (R, T). Within a cell the correction
@@ -89,10 +92,15 @@ def _buckets_up_to(count: int) -> list[int]:
 _OUTLIER_BOUND = 2.0
 
 
+#: The most values a cell's median is taken over (``_Learnt``): ⌈1/α⌉ where α ≥ 1/16, so memory stays bounded.
+_MEDIAN_VALUES = 16
+
+
 class _Learnt:
-    """One learnt quantity, a cell's ratio observed/predicted or its seconds: while its observations, with the prior,
-    number fewer than ⌈1/α⌉ (``early``), the median of them and of the prior, what the cell would answer with
-    unobserved, read afresh at every answer; then exponentially smoothed (module docstring)."""
+    """One learnt quantity: a cell's ratio observed/predicted, or its seconds, or the global ones. While an
+    observation, its predecessors and the prior (if any) number at most ⌈1/α⌉ (and ``_MEDIAN_VALUES``), it joins
+    ``early`` and the answer is the median of ``early`` and of the prior passed in when asked (module docstring);
+    from then on, exponential smoothing from the median's last answer."""
 
     __slots__ = ("early", "smoothed")
 
@@ -101,7 +109,7 @@ class _Learnt:
         self.smoothed = smoothed
 
     def value(self, prior: float | None) -> float | None:
-        """What it answers with, ``prior`` being what its cell would answer with unobserved (None where nothing would)."""
+        """What it answers with, given ``prior`` (None: no prior; None back where nothing was observed either)."""
         if self.smoothed is not None:
             return self.smoothed
         values = self.early if prior is None else [prior, *self.early]
@@ -112,11 +120,11 @@ class _Learnt:
         current = self.value(prior)
         if current is not None and current > 0:
             value = min(max(value, current / _OUTLIER_BOUND), current * _OUTLIER_BOUND)
-        if self.smoothed is None and len(self.early) + (prior is not None) + 1 <= math.ceil(1 / smoothing):
+        if self.smoothed is None and len(self.early) + (prior is not None) + 1 <= min(math.ceil(1 / smoothing), _MEDIAN_VALUES):
             self.early.append(value)
             return
-        if self.smoothed is None:  # the median's last answer is where smoothing starts
-            self.smoothed, self.early = (value if current is None else current), []
+        if self.smoothed is None:  # an observation or a prior came before, so current is a number
+            self.smoothed, self.early = current, []
         self.smoothed += smoothing * (value - self.smoothed)
 
 
@@ -146,11 +154,13 @@ class _CorrectedSurface:
         # A step surface: an unobserved cell with no narrower observed cell takes at most the profile (module docstring).
         self.profile_caps_unobserved = profile_caps_unobserved
         self.cells: dict[tuple[int, int], _Cell] = {}
-        self.overall = _Cell()  # g, smoothed from 1, and the average observed seconds
+        self.overall = _Cell()  # g, smoothed from 1, and the global seconds, learnt without a prior
         self.overall.ratio, self.overall.seconds = _Learnt(smoothed=1.0), _Learnt()
         self._ratio_tokens: dict[int, list[int]] = {}  # per row bucket, the token buckets with a learnt ratio, sorted
         self._seconds_tokens: dict[int, list[int]] = {}  # likewise, with learnt seconds
+        # Answers, and cells' k, until the next observation: the only thing that changes them.
         self._answers: dict[tuple[int, int], float] = {}
+        self._corrections: dict[tuple[int, int], float] = {}
         self._base_values: dict[tuple[int, int], float] = {}
 
     def _base(self, rows: int, tokens: int) -> float:
@@ -167,49 +177,62 @@ class _CorrectedSurface:
         if cell is None:
             cell = self.cells[key] = _Cell()
         predicted = self._base(rows, tokens)
+        # Each prior is read before the cell is listed as observed: a narrower step cell's k reads a wider one's
+        # own ratios, which a cell about to learn its first does not have yet.
         if predicted > 0:
-            prior = self._unobserved_correction(key)  # read before the cell counts as observed
+            prior = self._unobserved_correction(key)
             if cell.ratio is None:
                 cell.ratio = _Learnt()
                 bisect.insort(self._ratio_tokens.setdefault(key[0], []), key[1])
             cell.ratio.learn(seconds / predicted, self.smoothing, prior=prior)
             self.overall.ratio.learn(seconds / predicted, self.smoothing, prior=None)
         else:
+            prior = self._unobserved_seconds(key)
             if cell.seconds is None:
                 cell.seconds = _Learnt()
                 bisect.insort(self._seconds_tokens.setdefault(key[0], []), key[1])
-            cell.seconds.learn(seconds, self.smoothing, prior=self._average_seconds())
+            cell.seconds.learn(seconds, self.smoothing, prior=prior)
             self.overall.seconds.learn(seconds, self.smoothing, prior=None)
         self._answers.clear()
-
-    def _average_seconds(self) -> float | None:
-        return self.overall.seconds.value(None)
+        self._corrections.clear()
 
     def _corrected(self, key: tuple[int, int], rows: int, tokens: int) -> float:
         """h at the point (rows, tokens) of cell ``key``."""
         base = self._base(rows, tokens)
         if base > 0:
             return base * self.correction(key)
-        narrower, wider = _neighbours(self._seconds_tokens.get(key[0], []), key[1])
         cell = self.cells.get(key)
-        if cell is None or cell.seconds is None:
-            cell = None if narrower is None and wider is None else self.cells[(key[0], wider if narrower is None else narrower)]
-        seconds = self._average_seconds() if cell is None else cell.seconds.value(self._average_seconds())
+        seconds = self._unobserved_seconds(key) if cell is None or cell.seconds is None else cell.seconds.value(self._unobserved_seconds(key))
         return 0.0 if seconds is None else seconds
 
+    def _unobserved_seconds(self, key: tuple[int, int]) -> float | None:
+        """The seconds cell ``key`` answers with unobserved: the widest observed cell's of its row bucket with fewer
+        tokens, else the narrowest's with more, each from its own observations (their prior would be this cell's),
+        else the global seconds; None where no seconds were observed."""
+        narrower, wider = _neighbours(self._seconds_tokens.get(key[0], []), key[1])
+        if narrower is None and wider is None:
+            return self.overall.seconds.value(None)
+        return self.cells[(key[0], wider if narrower is None else narrower)].seconds.value(None)
+
     def correction(self, key: tuple[int, int]) -> float:
-        """The k of cell ``key``: its own learnt ratio, with the k it would answer with unobserved as the prior
-        (``_unobserved_correction``) while it has few observations (module docstring)."""
-        cell = self.cells.get(key)
-        if cell is None or cell.ratio is None:
-            return self._unobserved_correction(key)
-        if cell.ratio.smoothed is not None:
-            return cell.ratio.smoothed
-        return cell.ratio.value(self._unobserved_correction(key))
+        """The k of cell ``key``: its smoothed ratio; while it has few observations, their median with the k it
+        would answer with unobserved (``_unobserved_correction``); unobserved, that k (module docstring)."""
+        correction = self._corrections.get(key)
+        if correction is None:
+            cell = self.cells.get(key)
+            if cell is None or cell.ratio is None:
+                correction = self._unobserved_correction(key)
+            elif cell.ratio.smoothed is not None:
+                correction = cell.ratio.smoothed
+            else:
+                correction = cell.ratio.value(self._unobserved_correction(key))
+            self._corrections[key] = correction
+        return correction
 
     def _unobserved_correction(self, key: tuple[int, int]) -> float:
         """The k cell ``key`` answers with unobserved: that of the widest observed cell of its row bucket with fewer
-        tokens, else g, or on a step surface the least of 1, g and the ratios observed in the narrowest with more."""
+        tokens, else g, or on a step surface the least of 1, g and the k the narrowest observed cell with more
+        tokens has from its own ratios."""
         narrower, wider = _neighbours(self._ratio_tokens.get(key[0], []), key[1])
         if narrower is not None:
             return self.correction((key[0], narrower))
@@ -217,7 +240,8 @@ class _CorrectedSurface:
         if not self.profile_caps_unobserved:
             return overall
         at_most_profile = min(1.0, overall)
-        # The wider cell's own observations, without its prior: that prior would be this cell's k.
+        # Without the wider cell's prior: while it has few observations, that prior is this cell's k, which would
+        # make each cell's k depend on the other's.
         return at_most_profile if wider is None else min(at_most_profile, self.cells[(key[0], wider)].ratio.value(None))
 
     def __call__(self, rows: int, tokens: int) -> float:
@@ -311,18 +335,19 @@ class OnlineCorrectedCostModel:
     def draft_time(self, rows: int, depth: int | None = None) -> float:
         """The base's drafting time, corrected, and never less than that of fewer rows or a shallower pass.
         ``depth`` None: the base's whole block, corrected by the global drafting correction (or, where the base
-        knows no drafting time, the average observed pass)."""
+        knows no drafting time, the global seconds learnt from every pass)."""
         check_int("rows", rows, 1)
         if depth is None:
             base = float(self.base.draft_time(rows, None))
-            return base * self._drafts.overall.ratio.smoothed if base > 0 else (self._drafts._average_seconds() or 0.0)
+            return base * self._drafts.overall.ratio.smoothed if base > 0 else (self._drafts.overall.seconds.value(None) or 0.0)
         check_int("depth", depth, 1)
         return self._drafts(rows, depth)
 
     def step_correction(self, rows: int, tokens: int) -> float:
-        """The correction k applied to the cell holding (``rows``, ``tokens``): its own, else that of the widest
-        observed cell of its row bucket with fewer tokens, else the least of 1, the global one g and that of the
-        narrowest observed cell with more (module docstring)."""
+        """The correction k applied to the cell holding (``rows``, ``tokens``): its smoothed ratio; while it has few
+        observations, their median with the k it would answer with unobserved; unobserved, that of the widest
+        observed cell of its row bucket with fewer tokens, else the least of 1, the global one g and the own k of
+        the narrowest with more (module docstring)."""
         check_int("rows", rows, 1)
         check_int("tokens", tokens, 1)
         return self._steps.correction((row_bucket(rows), row_bucket(tokens)))
@@ -333,7 +358,7 @@ class OnlineCorrectedCostModel:
         return {
             "step_correction": self._steps.overall.ratio.smoothed,
             "draft_correction": self._drafts.overall.ratio.smoothed,
-            "draft_seconds": self._drafts._average_seconds(),
+            "draft_seconds": self._drafts.overall.seconds.value(None),
             "step_cells": len(self._steps.cells),
             "draft_cells": len(self._drafts.cells),
         }
