@@ -705,7 +705,7 @@ def test_an_unobserved_one_token_cell_reads_a_wider_cells_own_ratios_while_it_ha
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.100, 0.110))))
     model = OnlineCorrectedCostModel(base, smoothing=0.1)
     model.observe_step(16, 2, 0.110 * 0.8)
-    assert model.step_correction(16, 2) == pytest.approx(0.9)  # the median of the prior 1 and 0.8
+    assert model.step_correction(16, 2) == pytest.approx((0.98 + 0.8) / 2)  # with its prior, the least of 1 and g = 0.98
     assert model.step_correction(16, 1) == pytest.approx(0.8)
 
 
