@@ -352,8 +352,8 @@ def test_a_generation_drafts_only_where_its_first_choice_gains_generation_min_ga
 @pytest.mark.parametrize("draft_row, drafts", [(0.45, True), (0.55, False)])
 def test_a_one_row_generation_drafts_wherever_its_first_choice_drafts(draft_row, drafts):
     """One row that gained 0.5 a step: drafting it costs 0.45 or 0.55 of a step, so Θ = 1.5 / 1.45 (+3.4%, under the
-    5% generation_min_gain) or 1.5 / 1.55 (a loss) against 1. At one row no margin is asked: the first generation
-    drafts, the second runs as plain decoding."""
+    5% generation_min_gain) or 1.5 / 1.55 (a loss) against 1. At one row no margin is asked: at 0.45 the generation
+    drafts, at 0.55 it runs as plain decoding."""
     fallback = GoodputFallback()
     fallback.prior.update("greedy", 1, torch.full((8,), 0.5, dtype=torch.float64), torch.ones(8, dtype=torch.long))
     run = fallback.start(start(1), Costs(draft_row=draft_row))

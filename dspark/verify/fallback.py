@@ -88,20 +88,21 @@ probes go on whatever the ceiling.
 A generation runs as plain decoding (``GoodputFallbackRun.drafts`` False, read by the loop before the prefill:
 the target returns no hidden states, for the prompt or the steps, and the drafter never runs) when its first
 choice probes no row and drafts for none, or only for rows predicted to raise Θ by less than
-``generation_min_gain`` (5%) over drafting none (``predicted_gain``); a one-row generation needs no margin, only
-a choice that drafts. A first choice that drafts for no row is
-mostly the whole generation's: a skipped row's estimate changes only by drafting, and the catch-up a later probe
+``generation_min_gain`` (5%) over drafting none (``predicted_gain``); a one-row generation needs no margin,
+only a choice that drafts. A first choice that drafts for no row is mostly the whole generation's: a skipped row's estimate changes only by drafting, and the catch-up a later probe
 pays only grows. The margin, because a drafting generation pays for what that choice does not price: the
 target's features for every column (at 16 rows on a CPU, the prompt's alone took the chunked prefill from
 12.39 s to 12.85 s, ``benchmarks/results/bench_prefill.json``), the first pass's reading of the prompt, priced
 spread over every step left though not all of them may draft, and, in a static batch, tokens gained by rows that
 finish before the longest, which do not shorten it; and because the choice reads other generations' estimates.
-At one row the margin would price almost nothing: the prompt's features did not measurably slow the prefill
-(``bench_prefill.json``, one row: 0.129–0.133 s either way), no row finishes before another, and the row's first own
-outcome replaces the prior's estimate, so a drafting generation where drafting does not pay stops drafting after a
-step. A plain generation, though, learns nothing; at one row, where drafting every step gained 4–11% over plain
-decoding (MTP-1 and fixed γ at c = 1 in the load grid), estimates near the margin ran most generations as plain decoding
-(prompt lookup, c = 1, ``bench_load_grid_prompt_lookup.json``: τ 1.01 where fixed γ reached 1.17).
+At one row the margin would price little: the prompt's features did not measurably slow the prefill
+(``bench_prefill.json``, one row: 0.129–0.133 s either way), and no row finishes before another. What is left is the
+first pass's reading of the prompt, which a row that stops drafting early does not earn back; and the row's own
+outcomes outweigh the prior's estimate within a few drafted steps (κ = ``prior_weight`` pseudo-steps), so a drafting
+generation where drafting does not pay stops drafting soon. A plain generation, though, learns nothing; at one row,
+where drafting every step gained 4–11% over plain decoding (prompt lookup's fixed γ at c = 1 in
+``bench_load_grid_prompt_lookup.json``), estimates near the margin kept generations plain: DSpark reached τ 1.01
+there, where fixed γ reached 1.17.
 To notice when drafting starts to pay again, after ``generation_probe_after`` such generations in a row at one
 batch size and band one is probed: its first step drafts for every row, and the rows go on by the rules above;
 the wait doubles after each probed one, up to ``max_generation_probe_interval`` (``GainPrior.idle_generation``),
@@ -421,7 +422,7 @@ class GoodputFallbackRun:
 
     def _first_choice_drafts(self, batch: int) -> bool:
         """Whether this generation drafts (``FALLBACK_RUN_HOOKS``): when its first step's choice probes a row or drafts
-        for rows predicted to raise Θ by ``generation_min_gain`` at least (by anything, at one row), or when it is the prior's turn to probe a
+        for rows predicted to raise Θ by ``generation_min_gain`` at least (any predicted gain, at one row), or when it is the prior's turn to probe a
         batch of this size and band (``GainPrior.idle_generation``); module docstring."""
         rows = torch.arange(batch)
         chosen, probes, depths = self._choice(rows)
