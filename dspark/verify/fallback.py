@@ -89,8 +89,8 @@ A generation runs as plain decoding (``GoodputFallbackRun.drafts`` False, read b
 the target returns no hidden states, for the prompt or the steps, and the drafter never runs) when its first
 choice probes no row and drafts for none, or only for rows predicted to raise Θ by less than
 ``generation_min_gain`` (5%) over drafting none (``predicted_gain``); a one-row generation needs no margin,
-only a choice that drafts. A first choice that drafts for no row is mostly the whole generation's: a skipped row's estimate changes only by drafting, and the catch-up a later probe
-pays only grows. The margin, because a drafting generation pays for what that choice does not price: the
+only a choice that drafts. A first choice that drafts for no row is mostly the whole generation's: a skipped
+row's estimate changes only by drafting, and the catch-up a later probe pays only grows. The margin, because a drafting generation pays for what that choice does not price: the
 target's features for every column (at 16 rows on a CPU, the prompt's alone took the chunked prefill from
 12.39 s to 12.85 s, ``benchmarks/results/bench_prefill.json``), the first pass's reading of the prompt, priced
 spread over every step left though not all of them may draft, and, in a static batch, tokens gained by rows that
@@ -341,7 +341,8 @@ class GoodputFallback:
 
     ``generation_min_gain``, ``generation_probe_after``, ``max_generation_probe_interval``: a generation whose first
     choice probes no row and drafts for none, or for rows predicted to raise the goodput by less than
-    ``generation_min_gain`` (a share of plain decoding's; not asked of a one-row generation), runs as plain decoding (``GoodputFallbackRun.drafts``),
+    ``generation_min_gain`` (a share of plain decoding's; not asked of a one-row generation), runs as plain
+    decoding (``GoodputFallbackRun.drafts``),
     except that after ``generation_probe_after`` such generations in a row of one batch size and band, one drafts
     its first step for every row, and the wait doubles after each, up to ``max_generation_probe_interval``; a
     generation whose first choice drafts starts the count and the wait over.
@@ -422,8 +423,9 @@ class GoodputFallbackRun:
 
     def _first_choice_drafts(self, batch: int) -> bool:
         """Whether this generation drafts (``FALLBACK_RUN_HOOKS``): when its first step's choice probes a row or drafts
-        for rows predicted to raise Θ by ``generation_min_gain`` at least (any predicted gain, at one row), or when it is the prior's turn to probe a
-        batch of this size and band (``GainPrior.idle_generation``); module docstring."""
+        for rows predicted to raise Θ by ``generation_min_gain`` at least (any predicted gain, at one row), or when
+        it is the prior's turn to probe a batch of this size and band (``GainPrior.idle_generation``); module
+        docstring."""
         rows = torch.arange(batch)
         chosen, probes, depths = self._choice(rows)
         min_gain = self.fallback.generation_min_gain if batch > 1 else 0.0  # module docstring: what the margin prices
