@@ -6,6 +6,9 @@ target forward:
 
 * ``plain``: the model's own forward;
 * ``fast_path``: inside ``FastPath.active()`` (``dspark.wrap``'s default on a CPU);
+* ``fast_path_one_row_weights``: the same on a second fast path whose one-row products never read a
+  weight copy, what revision 3 did everywhere (``FastPath.measure_one_row`` decides that per machine and
+  model; its measurement is in ``one_row``);
 * ``intercepted``: the plain forward under a ``TorchFunctionMode`` that passes every call through
   unchanged, which is what routing by a mode costs before it does any work (the reason the fast
   path routes ``F.linear`` alone).
@@ -27,6 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import attrs
 import torch
 from torch.overrides import TorchFunctionMode
 from tqdm import tqdm
@@ -91,9 +95,13 @@ def main(argv: list[str] | None = None) -> dict:
     bundle = dspark.pretrained.load("smollm2-135m-instruct", drafter="prompt-lookup")
     target = bundle.target
     fast_path = dspark.fast_path.FastPath.shared(target)
+    one_row = fast_path.measure_one_row(target)
+    one_row_weights = dspark.fast_path.FastPath.for_model(target, progress=False)
+    one_row_weights._use_one_row(dspark.fast_path.linear_weights(target), False)
     arms = {
         "plain": lambda tokens: measure_step_time(target, 1, tokens, args.context, repeats=3).seconds,
         "fast_path": lambda tokens: measure_step_time(target, 1, tokens, args.context, fast_path=fast_path, repeats=3).seconds,
+        "fast_path_one_row_weights": lambda tokens: measure_step_time(target, 1, tokens, args.context, fast_path=one_row_weights, repeats=3).seconds,
     }
 
     def intercepted(tokens: int) -> float:
@@ -113,17 +121,21 @@ def main(argv: list[str] | None = None) -> dict:
         results[str(tokens)] = {
             **{f"{name}_ms": value * 1e3 for name, value in median.items()},
             "fast_path_speedup": median["plain"] / median["fast_path"],
+            "one_row_weights_speedup": median["plain"] / median["fast_path_one_row_weights"],
             "interception_ms": (median["intercepted"] - median["plain"]) * 1e3,
             **switches[tokens],
         }
         print(f"{tokens} new tokens: plain {median['plain'] * 1e3:.1f} ms, fast path {median['fast_path'] * 1e3:.1f} ms "
-              f"({results[str(tokens)]['fast_path_speedup']:.2f}x), a pass-through TorchFunctionMode adds {results[str(tokens)]['interception_ms']:.1f} ms; "
+              f"({results[str(tokens)]['fast_path_speedup']:.2f}x; one-row products on the weights "
+              f"{median['fast_path_one_row_weights'] * 1e3:.1f} ms), a pass-through TorchFunctionMode adds {results[str(tokens)]['interception_ms']:.1f} ms; "
               f"after {args.switch_after} one-token forwards: plain {switches[tokens]['plain_after_switch_ms']:.1f} ms "
               f"(steady {switches[tokens]['plain_steady_ms']:.1f}), fast path {switches[tokens]['fast_path_after_switch_ms']:.1f} ms "
               f"(steady {switches[tokens]['fast_path_steady_ms']:.1f})")
     report = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "settings": {**vars(args), "output": str(args.output), "threads": torch.get_num_threads(), "fast_path_revision": dspark.fast_path.REVISION},
+        "machine": dspark.fast_path._machine_fingerprint(),
+        "one_row": None if one_row is None else {**attrs.asdict(one_row), "copies": one_row.copies},
         "results": results,
     }
     write_json(args.output, report)

@@ -26,9 +26,10 @@ logistic model of its signals), greedy and/or at temperature 1:
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
   length against c (Figure 8). The JSON is written after every setting, with ``"complete": false`` until
   the last one is done, and records the code measured (git ids of ``dspark``, this script and
-  ``pyproject.toml``, torch's and transformers' versions); ``--resume`` goes on with a cut run of the
-  same settings on the same code as committed, keeping the drafters it finished (an unfinished drafter is
-  measured again from its first setting: its policies learn across settings).
+  ``pyproject.toml``, torch's and transformers' versions) and the machine (processor, threads);
+  ``--resume`` goes on with a cut run of the same settings on the same code as committed and the same
+  machine, keeping the drafters it finished (an unfinished drafter is measured again from its first
+  setting: its policies learn across settings).
 
 Every greedy output is checked against plain decoding's; sampled outputs are lossless by the
 sampling law tests. Sampled runs ignore EOS, so that every policy generates the same number of tokens
@@ -224,8 +225,9 @@ _MEASURED_CODE = ("dspark", "benchmarks/bench_load.py", "pyproject.toml")
 
 
 def _code_version() -> dict:
-    """The git object ids of ``_MEASURED_CODE`` at HEAD, whether any of them differed from HEAD, and the versions of
-    torch and transformers; ``{"unknown": why}`` where git cannot say or the ``dspark`` imported is not this checkout's."""
+    """The git object ids of ``_MEASURED_CODE`` at HEAD, whether any of them differed from HEAD, the versions of
+    torch and transformers and the machine (processor, threads: another machine's timings differ as much as other
+    code's); ``{"unknown": why}`` where git cannot say or the ``dspark`` imported is not this checkout's."""
     if Path(dspark.__file__).resolve().parent != ROOT / "dspark":
         return {"unknown": f"dspark is imported from {Path(dspark.__file__).parent}, not {ROOT / 'dspark'}"}
     try:
@@ -236,12 +238,13 @@ def _code_version() -> dict:
         dirty = bool(git("status", "--porcelain", "--", *_MEASURED_CODE))
     except (OSError, subprocess.CalledProcessError) as error:
         return {"unknown": f"git could not read {', '.join(_MEASURED_CODE)} under {ROOT}: {getattr(error, 'stderr', None) or error}"}
-    return {"objects": objects, "dirty": dirty, "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "machine": dspark.fast_path._machine_fingerprint()}
+    return {"objects": objects, "dirty": dirty, "versions": versions}
 
 
 def _resumed(output: Path, fresh: dict) -> dict:
     """The cut run in ``output`` to go on with, checked to have measured what ``fresh`` would: its settings, and the
-    same code (``_MEASURED_CODE``, unchanged since its commit then and now) and versions. A drafter it had not
+    same code (``_MEASURED_CODE``, unchanged since its commit then and now), versions and machine. A drafter it had not
     finished is dropped and measured again from its first setting: its policies learn across its settings (the
     fallback's prior, the online corrections), so a setting measured after the cut with fresh policies would not
     be what an uncut run measures; each drafter's policies start afresh anyway."""
@@ -253,7 +256,7 @@ def _resumed(output: Path, fresh: dict) -> dict:
     if previous.get("settings") != fresh["settings"]:
         raise SystemExit(f"--resume: {output} was run with settings {previous.get('settings')}, not {fresh['settings']}")
     if "unknown" in fresh["code"] or fresh["code"]["dirty"] or previous.get("code") != fresh["code"]:
-        raise SystemExit(f"--resume: {output} measured code {previous.get('code')}, this is {fresh['code']}: both must be the same, as committed")
+        raise SystemExit(f"--resume: {output} measured code {previous.get('code')}, this is {fresh['code']}: both must be the same, as committed, on one machine")
     settings = fresh["settings"]
     finished = [
         drafter for drafter, by_mode in previous["results"].items()

@@ -14,7 +14,9 @@ the weights once, whatever the row count. On CPU builds of PyTorch it often is n
 A :class:`FastPath` times them per (out, in, row bucket, dtype, device), keeps those that agree
 with ``F.linear`` to float rounding, caches the ranking on disk (one file per PyTorch build,
 processor and thread count), uses another formulation than ``F.linear`` only where it was timed
-clearly faster (``FastPath._ranking``), and routes calls through it only inside :meth:`FastPath.active`:
+clearly faster (``FastPath._ranking``), lets a model's one-row products read its weight copies only where
+whole one-token forwards of that model ran faster so (``FastPath.measure_one_row``: timed alone, the weight
+sits in cache, which misleads at one row), and routes calls through it only inside :meth:`FastPath.active`:
 the model is never modified and outside that block ``model.generate`` runs as before. The two copying formulations hold a copy of the weight; the copies live in the
 ``FastPath``, never on the model, go only to weights granted by ``reserve`` (by measured gain per
 byte), and their total stays within ``copy_budget`` bytes.
@@ -29,6 +31,7 @@ import logging
 import math
 import os
 import platform
+import statistics
 import threading
 import time
 import weakref
@@ -49,6 +52,7 @@ __all__ = [
     "TUNED_ROWS",
     "FastPath",
     "LinearChoice",
+    "OneRowChoice",
     "default_cache_dir",
     "default_copy_budget",
     "linear_weights",
@@ -64,8 +68,8 @@ _COPYING = frozenset({"pretransposed", "packed"})
 _COPYING_ORDER = tuple(name for name in FORMULATIONS if name in _COPYING)
 # Products with more rows than this are compute-bound; F.linear's GEMM is right for them.
 _MAX_TUNED_ROWS = 512
-#: Row counts whose savings decide which weights get copies: an 8-token verify step (one-row
-#: products never use a copy, see ``FastPath._ranking``).
+#: Row counts whose savings decide which weights get copies: an 8-token verify step (whether one-row
+#: products use them is measured on whole forwards, ``FastPath.measure_one_row``).
 REFERENCE_ROWS = (8,)
 # Another formulation replaces F.linear only where it was timed this many times faster (FastPath._ranking).
 _MARGIN = 1.25
@@ -73,7 +77,13 @@ _CACHE_VERSION = 1
 #: Raised whenever a change to the fast path changes how long forwards take, so that timings measured
 #: on an earlier one (``ProfiledCostModel`` tables) are measured again. 2: F.linear routed alone.
 #: 3: F.linear unless another formulation was timed 1.25x faster, and no copy for one row.
-REVISION = 3
+#: 4: a model's one-row products read its copies where whole one-token forwards ran faster so.
+REVISION = 4
+# A model's one-row products read its weight copies only where one-token forwards ran this many times faster so.
+_ONE_ROW_MARGIN = 1.05
+# Rounds of the one-row measurement (each times both ways, in alternating order) and forwards per way and round.
+_ONE_ROW_ROUNDS = 3
+_ONE_ROW_REPEATS = 5
 # The kernel itself, kept before any routing: inside active() ``F.linear`` is the router.
 _F_LINEAR = F.linear
 
@@ -145,6 +155,33 @@ class LinearChoice:
         return self.ranking[0]
 
 
+def _positive_seconds(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{attribute.name} must be a finite number of seconds > 0, got {value!r}")
+
+
+@attrs.frozen
+class OneRowChoice:
+    """Whether a model's one-row products read its weight copies, from whole one-token forwards of that
+    model timed both ways (``FastPath.measure_one_row``): ``seconds_without``, every one-row product on
+    the original weights; ``seconds_with``, each weight that holds a copy reading the copy, as wider
+    products do. ``copies``: the copies made the forward at least ``_ONE_ROW_MARGIN`` times faster."""
+
+    seconds_without: float = attrs.field(validator=_positive_seconds)
+    seconds_with: float = attrs.field(validator=_positive_seconds)
+
+    @property
+    def copies(self) -> bool:
+        return self.seconds_with * _ONE_ROW_MARGIN <= self.seconds_without
+
+
+def _model_key(model: torch.nn.Module) -> str:
+    """What a model's one-row choice depends on besides the machine: its class and its linear weights'
+    shapes, dtypes and device."""
+    weights = [(tuple(weight.shape), str(weight.dtype), weight.device.type) for weight in linear_weights(model)]
+    return hashlib.sha1(f"{type(model).__name__} {weights}".encode()).hexdigest()[:16]
+
+
 def _seconds_of(choice: LinearChoice, formulation: str) -> float:
     """The measured seconds of ``formulation`` in ``choice``; infinite where it was not measured or failed."""
     return dict(zip(choice.ranking, choice.seconds)).get(formulation, math.inf)
@@ -205,13 +242,30 @@ def _cache_key(out_features: int, in_features: int, bucket: int, dtype: torch.dt
 
 
 def _machine_fingerprint() -> str:
-    """What a choice depends on besides the shape and device: PyTorch build, processor and threads."""
+    """What a choice depends on besides the shape and device: PyTorch build, processor and threads. The
+    processor is its name, with family, model, stepping and last-level cache where Linux tells them:
+    virtual machines often name only the vendor's line ("AMD EPYC"), which covers processors whose
+    products rank differently."""
     processor = platform.processor()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
-        processor = names[0] if names else processor
-    return f"torch {torch.__version__} | {processor} | {torch.get_num_threads()} threads"
+        fields: dict[str, str] = {}
+        for line in cpuinfo.read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())  # the first processor's
+        details = ", ".join(f"{name} {fields[name]}" for name in ("cpu family", "model", "stepping") if name in fields)
+        processor = f"{fields.get('model name', processor)} ({details})" if details else fields.get("model name", processor)
+    cache = _last_level_cache()
+    return f"torch {torch.__version__} | {processor}{'' if cache is None else f', {cache}'} | {torch.get_num_threads()} threads"
+
+
+def _last_level_cache() -> str | None:
+    """The first processor's last-level cache as Linux names it ("L3 32768K"); None where it does not say."""
+    try:
+        caches = [(int((index / "level").read_text()), (index / "size").read_text().strip()) for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")]
+    except (OSError, ValueError):
+        return None
+    return None if not caches else "L{} {}".format(*max(caches))
 
 
 @attrs.frozen
@@ -352,6 +406,9 @@ class FastPath:
         # id(weight) -> (weak reference, {(rows, dtype): (copy check, formulation, copy)}): linear's shortcut.
         self._plans: dict[int, tuple[weakref.ref, dict]] = {}
         self._included = WeakIdKeyDictionary()  # module -> True
+        self._one_row: dict[str, OneRowChoice] = {}  # model key -> its measured one-row choice (disk cache)
+        self._one_row_applied: dict[str, OneRowChoice] = {}  # the choices this fast path applies, for describe()
+        self._one_row_copies = WeakIdKeyDictionary()  # weight -> True: its one-row products read its copy
         self._lock = threading.Lock()
         self._load_cache()
 
@@ -370,7 +427,9 @@ class FastPath:
         with a progress bar when ``progress``), once per machine: choices are cached in
         ``cache_dir`` (default ``default_cache_dir()``). Copies are
         granted to ``others`` first (``include``: small, and run at every step), then to ``model``'s
-        ``linear_weights`` within ``copy_budget`` (default ``default_copy_budget(model)``).
+        ``linear_weights`` within ``copy_budget`` (default ``default_copy_budget(model)``). Whether
+        ``model``'s one-row products read its copies is then measured on its own forwards
+        (``measure_one_row``), once per machine and model, and cached alike.
         """
         cache_dir = default_cache_dir() if cache_dir is None else cache_dir
         name = hashlib.sha1(_machine_fingerprint().encode()).hexdigest()[:16]
@@ -380,6 +439,7 @@ class FastPath:
         weights = linear_weights(model)
         fast_path.tune(weights, progress=progress)
         fast_path.reserve(weights, budget=default_copy_budget(model) if copy_budget is None else copy_budget)
+        fast_path.measure_one_row(model)
         fast_path._included[model] = True
         return fast_path
 
@@ -447,6 +507,61 @@ class FastPath:
         """Whether ``weight`` was granted a copy (made on its first use)."""
         return weight in self._reserved
 
+    def measure_one_row(self, model: torch.nn.Module) -> OneRowChoice | None:
+        """Whether ``model``'s one-row products read its weight copies, measured on its own forwards, and
+        applied: the ``OneRowChoice``, or None (nothing changes) where none of its weights holds a copy or
+        its forward cannot be timed alone.
+
+        A product timed alone has its weight in cache; in a forward the weights come from memory, and
+        what that does to a one-row product differs by machine: on one, copies timed up to 40% faster
+        alone left the one-token forward slower; on another, ``F.linear``'s one-row product ran three
+        times slower than the packed copy (docs/fast_path.rst, "Timed alone, used in a forward"). So
+        whole one-token forwards of ``model`` (one row, 256 cached tokens) are timed both ways,
+        ``_ONE_ROW_ROUNDS`` rounds in alternating order, and the medians decide (``OneRowChoice.copies``).
+        Once per machine and model: the result is cached with the choices."""
+        weights = [weight for weight in linear_weights(model) if weight in self._reserved]
+        if not weights:
+            return None
+        key = _model_key(model)
+        choice = self._one_row.get(key)
+        if choice is None:
+            try:
+                choice = self._time_one_row(model, weights)
+            except (AttributeError, TypeError, ValueError, RuntimeError) as error:  # a model that cannot step alone
+                logger.warning("fast path: could not time %s's one-token forward (%s); its one-row products keep their weights", type(model).__name__, error)
+                self._use_one_row(weights, False)
+                return None
+            with self._lock:
+                self._one_row[key] = choice
+                self._save_cache()
+        self._use_one_row(weights, choice.copies)
+        self._one_row_applied[key] = choice
+        return choice
+
+    def _time_one_row(self, model: torch.nn.Module, weights: list[torch.Tensor]) -> OneRowChoice:
+        """Median seconds of ``model``'s one-token forward with ``weights``' one-row products on the weights
+        and on their copies, in alternating order (``measure_one_row``)."""
+        from dspark.cost_models.profiling import measure_step_time  # it times forwards on a FastPath
+
+        seconds: dict[bool, list[float]] = {False: [], True: []}
+        for round_index in range(_ONE_ROW_ROUNDS):
+            for copies in (False, True) if round_index % 2 == 0 else (True, False):
+                self._use_one_row(weights, copies)
+                seconds[copies].append(measure_step_time(model, 1, 1, 256, self, repeats=_ONE_ROW_REPEATS).seconds)
+        return OneRowChoice(seconds_without=statistics.median(seconds[False]), seconds_with=statistics.median(seconds[True]))
+
+    def _use_one_row(self, weights: list[torch.Tensor], copies: bool) -> None:
+        """Make ``weights``' one-row products read their copies (``copies``) or the weights themselves."""
+        for weight in weights:
+            if copies:
+                self._one_row_copies[weight] = True
+            else:
+                self._one_row_copies.pop(weight, None)
+            entry = self._plans.get(id(weight))
+            if entry is not None:  # the one-row plans made under the other rule
+                for plan in [plan for plan in entry[1] if plan[0] == 1]:
+                    del entry[1][plan]
+
     @staticmethod
     def _copy_gain(choice: LinearChoice, formulation: str) -> float:
         """Seconds the copying ``formulation`` saves over the best non-copying one (0 if none)."""
@@ -482,24 +597,26 @@ class FastPath:
         if rows == 0 or rows > _MAX_TUNED_ROWS or input.dtype != weight.dtype:
             return _F_LINEAR(input, weight, bias)
         choice = self.choice(weight.shape[0], weight.shape[1], rows, input.dtype, input.device)
-        for formulation in self._ranking(choice):
+        for formulation in self._ranking(choice, weight):
             copy = self._copy_for(formulation, weight) if formulation in _COPYING else None
             if formulation not in _COPYING or copy is not None:
                 self._remember_plan(weight, rows, input.dtype, formulation, copy)
                 return _apply(formulation, input.reshape(rows, shape[-1]), weight, bias, copy).reshape(*shape[:-1], weight.shape[0])
         return _F_LINEAR(input, weight, bias)
 
-    @staticmethod
-    def _ranking(choice: LinearChoice) -> list[str]:
-        """The formulations ``linear`` may use at ``choice``'s row count, best first: ``F.linear`` itself
-        unless another was timed at least ``_MARGIN`` times faster, and never a copy for one row.
+    def _ranking(self, choice: LinearChoice, weight: torch.Tensor) -> list[str]:
+        """The formulations ``linear`` may use for ``weight`` at ``choice``'s row count, best first: at one
+        row, the weight's copy where its model's forwards measured faster so (``measure_one_row``), else
+        never a copy; otherwise ``F.linear`` itself unless another was timed at least ``_MARGIN`` times faster.
 
         Each product is timed alone with its weight in cache. In a forward the weights come from
         memory, where a formulation's timed edge shrinks or vanishes while its extra operations (a
         transpose, a contiguous copy) still cost their overhead; and a copy used at some row counts
         makes forwards of different widths read different bytes, so each switch of width finds its
-        weights cold (docs/fast_path.rst, "Timed alone, used in a forward"). A one-row
-        product reads every weight byte once whatever the layout, so a copy cannot help it."""
+        weights cold (docs/fast_path.rst, "Timed alone, used in a forward"). Where one-row products
+        read the copies, every width reads the same bytes."""
+        if choice.rows == 1 and weight in self._one_row_copies and weight in self._reserved:
+            return [self._reserved[weight][1], "linear"]
         kernel = _seconds_of(choice, "linear")
         allowed = [
             name for name in choice.ranking
@@ -625,6 +742,11 @@ class FastPath:
                 continue
             speedup = _seconds_of(choice, "linear") / choice.seconds[0]
             lines.append(f"{choice.out_features:>8} x {choice.in_features:<7} {choice.rows:>5} {choice.dtype:>9}  {choice.best:<14} {speedup:>10.2f}x")
+        for choice in self._one_row_applied.values():
+            lines.append(
+                f"one-token forward: {choice.seconds_without * 1e3:.2f} ms on the weights, {choice.seconds_with * 1e3:.2f} ms on the copies;"
+                f" one-row products read the {'copies' if choice.copies else 'weights'}"
+            )
         lines.append(f"weight copies: {self.copy_bytes / 2**20:.1f} MiB of a {self.copy_budget / 2**20:.1f} MiB budget")
         return "\n".join(lines)
 
@@ -640,10 +762,12 @@ class FastPath:
                 shape, bucket, dtype, device = key.split("|")
                 out_features, in_features = (int(size) for size in shape.split("x"))
                 choices[(out_features, in_features, int(bucket), getattr(torch, dtype), device)] = LinearChoice(**values)
+            one_row = {key: OneRowChoice(**values) for key, values in stored.get("one_row", {}).items()}
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
             logger.warning("ignoring unreadable fast-path cache %s: %s", self.cache_file, error)
             return
         self._choices.update(choices)
+        self._one_row.update(one_row)
 
     def _save_cache(self) -> None:
         if self.cache_file is None:
@@ -653,6 +777,7 @@ class FastPath:
             "machine": _machine_fingerprint(),
             "candidates": list(self.candidates),
             "choices": {_cache_key(*key): attrs.asdict(choice) for key, choice in self._choices.items()},
+            "one_row": {key: attrs.asdict(choice) for key, choice in self._one_row.items()},
         }
         partial = self.cache_file.with_name(f"{self.cache_file.name}.{os.getpid()}.tmp")
         try:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import dspark
 from dspark import fast_path
 from dspark.drafters import DraftModelDrafter, PromptLookupDrafter
-from dspark.fast_path import FORMULATIONS, FastPath, linear_weights, row_bucket
+from dspark.fast_path import FORMULATIONS, FastPath, OneRowChoice, linear_weights, row_bucket
 from tests.conftest import build_model, left_padded_batch
 from tests.strategies import linear_problems
 
@@ -115,7 +115,7 @@ def test_half_precision_formulations_match_f_linear(formulation, monkeypatch):
 
 @pytest.mark.parametrize("formulation", COPYING)
 def test_one_row_products_never_use_a_copy(formulation, monkeypatch):
-    """A one-row product runs on the original weight even where a reserved copy was timed fastest; two rows use the copy."""
+    """Unless its model's forwards measured otherwise, a one-row product runs on the original weight even where a reserved copy was timed fastest; two rows use the copy."""
     monkeypatch.setattr(fast_path, "_seconds", _ranked_first(formulation))
     layer = torch.nn.Linear(16, 8)
     path = FastPath(copy_budget=10**6)
@@ -126,6 +126,77 @@ def test_one_row_products_never_use_a_copy(formulation, monkeypatch):
     with path.active():
         layer(torch.randn(2, 16))
     assert path.copy_bytes == layer.weight.numel() * layer.weight.element_size()
+
+
+@pytest.mark.parametrize(("without", "with_copies", "copies"), [(1.0, 1.0 / 1.05, True), (1.0, 0.97, False), (1.0, 1.2, False)])
+def test_one_row_copies_need_forwards_the_margin_faster(without, with_copies, copies):
+    """OneRowChoice.copies: the copies made the one-token forward at least _ONE_ROW_MARGIN (5%) faster."""
+    assert fast_path._ONE_ROW_MARGIN == 1.05
+    assert OneRowChoice(seconds_without=without, seconds_with=with_copies).copies is copies
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan"), float("inf"), True, "1"])
+def test_a_one_row_choice_refuses_bad_seconds_by_name(seconds):
+    """OneRowChoice takes finite seconds > 0 only, and the error names the field and the value."""
+    with pytest.raises(ValueError, match=f"seconds_with must be .*{seconds!r}"):
+        OneRowChoice(seconds_without=1.0, seconds_with=seconds)
+
+
+@pytest.mark.parametrize("faster", [True, False], ids=["copies faster", "weights faster"])
+@pytest.mark.parametrize("formulation", COPYING)
+def test_a_models_one_row_products_read_its_copies_where_its_forwards_ran_faster_so(formulation, faster, tmp_path, monkeypatch):
+    """for_model measures the one-row choice on the model's forwards; where copies won, a one-row product reads the
+    weight's copy (and stays exact), else the weight; a module measured on no forwards (a layer) keeps the weight."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first(formulation))
+    timed = OneRowChoice(seconds_without=2.0, seconds_with=1.0 if faster else 2.0)
+    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights: timed)
+    model = build_model("llama")
+    path = FastPath.for_model(model, cache_dir=tmp_path)
+    assert path.measure_one_row(model) == timed
+    outsider = torch.nn.Linear(32, 48)
+    path.tune([outsider.weight], rows=(1, 8), progress=False)
+    path.reserve([outsider.weight], budget=10**6)
+    used = []  # the measurements are done: from here on, the formulations the forward uses
+    apply = fast_path._apply
+    monkeypatch.setattr(fast_path, "_apply", lambda name, *arguments: used.append(name) or apply(name, *arguments))
+    weight = model.model.layers[0].self_attn.q_proj.weight
+    x = torch.randn(1, weight.shape[1])
+    with path.active():
+        routed, routed_outsider = F.linear(x, weight), outsider(x[:, :32])
+    assert used == [formulation if faster else "linear", "linear"]
+    assert _tight(routed, x @ weight.T) and _tight(routed_outsider, x[:, :32] @ outsider.weight.T + outsider.bias)
+
+
+def test_the_one_row_choice_is_measured_on_real_forwards_once_and_cached(tmp_path, monkeypatch):
+    """for_model times the tiny model's one-token forward both ways (seconds > 0, cached on disk with the choices);
+    a later for_model on the same cache applies the same choice without timing, and greedy output stays exact."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    model = build_model("llama")
+    first = FastPath.for_model(model, cache_dir=tmp_path)
+    choice = first.measure_one_row(model)
+    assert choice is not None and choice.seconds_without > 0 and choice.seconds_with > 0
+    stored = json.loads(next(tmp_path.glob("linear_choices_*.json")).read_text())["one_row"]
+    assert list(stored.values()) == [{"seconds_without": choice.seconds_without, "seconds_with": choice.seconds_with}]
+
+    def no_timing(self, model, weights):
+        raise AssertionError("timed although the one-row choice was cached")
+
+    monkeypatch.setattr(FastPath, "_time_one_row", no_timing)
+    second = FastPath.for_model(model, cache_dir=tmp_path)
+    assert second.measure_one_row(model) == choice
+    assert "one-row products read the" in second.describe()
+    _greedy_matches(model, second)
+
+
+def test_a_model_with_no_copies_is_not_timed_at_one_row(tmp_path, monkeypatch):
+    """With no copy budget no weight holds a copy: measure_one_row returns None and times nothing."""
+
+    def no_timing(self, model, weights):
+        raise AssertionError("timed a model that holds no copies")
+
+    monkeypatch.setattr(FastPath, "_time_one_row", no_timing)
+    model = build_model("llama")
+    assert FastPath.for_model(model, cache_dir=tmp_path, copy_budget=0).measure_one_row(model) is None
 
 
 @pytest.mark.parametrize("formulation", ["transposed", *COPYING])
