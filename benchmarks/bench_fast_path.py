@@ -8,13 +8,13 @@ target forward:
 * ``fast_path``: inside ``FastPath.active()`` (``dspark.wrap``'s default on a CPU);
 * ``fast_path_one_row_weights``: the same on a second fast path whose one-row products never read a
   weight copy, what revision 3 did everywhere (``FastPath.measure_one_row`` decides that per machine and
-  model; its measurement is in ``one_row``);
+  model; its measurement, made in this run on a fresh cache, is in ``one_row``);
 * ``intercepted``: the plain forward under a ``TorchFunctionMode`` that passes every call through
   unchanged, which is what routing by a mode costs before it does any work (the reason the fast
   path routes ``F.linear`` alone).
 
-And, for ``plain`` and ``fast_path``, what a change of width costs (``*_after_switch_ms``): the median
-of a w-token forward that follows ``--switch-after`` one-token forwards, as a verify step after a run
+And, for ``plain``, ``fast_path`` and ``fast_path_one_row_weights``, what a change of width costs
+(``*_after_switch_ms``): the median of a w-token forward that follows ``--switch-after`` one-token forwards, as a verify step after a run
 of plain steps does (the fallback's probes, a scheduler that verified nothing for a while), against
 the steady cost of w-token forwards in a row (``*_steady_ms``), all on one cache of ``--context`` tokens,
 each arm in a block of its own.
@@ -28,6 +28,7 @@ import argparse
 import shlex
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import attrs
@@ -66,7 +67,7 @@ def _parse_args(argv):
     return args
 
 
-def _switch_costs(target, fast_path, args) -> dict:
+def _switch_costs(target, fast_path, one_row_weights, args) -> dict:
     """Per width w of ``--tokens``: ``{arm}_steady_ms`` and ``{arm}_after_switch_ms`` (module docstring), medians over
     ``--rounds`` rounds. Each arm runs all its rounds in a block of its own: interleaved, one arm's forwards
     would warm the weights the other reads after its change of width."""
@@ -74,7 +75,7 @@ def _switch_costs(target, fast_path, args) -> dict:
     generator = torch.Generator().manual_seed(0)
     cache = _random_cache(layout, 1, args.context, target.device, generator)
     inputs = {tokens: _step_inputs(target, 1, tokens, args.context, cache, generator) for tokens in {1, *args.tokens}}
-    paths = {"plain": None, "fast_path": fast_path}
+    paths = {"plain": None, "fast_path": fast_path, "fast_path_one_row_weights": one_row_weights}
     times = {(name, tokens, kind): [] for name in paths for tokens in args.tokens for kind in ("steady", "after_switch")}
     blocks = [(name, path) for name, path in paths.items() for _ in range(args.rounds)]
     for name, path in tqdm(blocks, desc="changes of width", unit="round"):
@@ -94,9 +95,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = _parse_args(argv)
     bundle = dspark.pretrained.load("smollm2-135m-instruct", drafter="prompt-lookup")
     target = bundle.target
-    fast_path = dspark.fast_path.FastPath.shared(target)
+    # A fresh cache, so that the one-row measurement recorded is this run's: dspark.wrap's shared fast path
+    # would read the one cached on an earlier day.
+    cache = tempfile.TemporaryDirectory()
+    fast_path = dspark.fast_path.FastPath.for_model(target, cache_dir=cache.name)
     one_row = fast_path.measure_one_row(target)
-    one_row_weights = dspark.fast_path.FastPath.for_model(target, progress=False)
+    one_row_weights = dspark.fast_path.FastPath.for_model(target, cache_dir=cache.name, progress=False)
     one_row_weights._use_one_row(dspark.fast_path.linear_weights(target), False)
     arms = {
         "plain": lambda tokens: measure_step_time(target, 1, tokens, args.context, repeats=3).seconds,
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
         for tokens in args.tokens:
             for name, arm in arms.items():
                 seconds[tokens][name].append(arm(tokens))
-    switches = _switch_costs(target, fast_path, args)
+    switches = _switch_costs(target, fast_path, one_row_weights, args)
     results = {}
     for tokens, by_arm in seconds.items():
         median = {name: statistics.median(values) for name, values in by_arm.items()}

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from dspark.checks import check_int
+from dspark.checks import check_int, check_seconds
 
 __all__ = [
     "FORMULATIONS",
@@ -79,7 +79,9 @@ _CACHE_VERSION = 1
 #: 3: F.linear unless another formulation was timed 1.25x faster, and no copy for one row.
 #: 4: a model's one-row products read its copies where whole one-token forwards ran faster so.
 REVISION = 4
-# A model's one-row products read its weight copies only where one-token forwards ran this many times faster so.
+# A model's one-row products read its weight copies only where one-token forwards ran this many times faster so:
+# below that the medians of a few forwards cannot tell the two apart on a loaded machine, and the copies' extra
+# operations would then be paid on every one-token step for a gain that may not be there.
 _ONE_ROW_MARGIN = 1.05
 # Rounds of the one-row measurement (each times both ways, in alternating order) and forwards per way and round.
 _ONE_ROW_ROUNDS = 3
@@ -156,7 +158,7 @@ class LinearChoice:
 
 
 def _positive_seconds(instance, attribute, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    if check_seconds(attribute.name, value) == 0:
         raise ValueError(f"{attribute.name} must be a finite number of seconds > 0, got {value!r}")
 
 
@@ -175,11 +177,12 @@ class OneRowChoice:
         return self.seconds_with * _ONE_ROW_MARGIN <= self.seconds_without
 
 
-def _model_key(model: torch.nn.Module) -> str:
-    """What a model's one-row choice depends on besides the machine: its class and its linear weights'
-    shapes, dtypes and device."""
+def _model_key(model: torch.nn.Module, copied: list[tuple[int, str]]) -> str:
+    """What a model's one-row choice depends on besides the machine: its class, its linear weights' shapes,
+    dtypes and device, and which of them hold a copy of which formulation (``copied``: index among
+    ``linear_weights(model)``, formulation; the copy budget, which depends on free memory, decides them)."""
     weights = [(tuple(weight.shape), str(weight.dtype), weight.device.type) for weight in linear_weights(model)]
-    return hashlib.sha1(f"{type(model).__name__} {weights}".encode()).hexdigest()[:16]
+    return hashlib.sha1(f"{type(model).__name__} {weights} {copied}".encode()).hexdigest()[:16]
 
 
 def _seconds_of(choice: LinearChoice, formulation: str) -> float:
@@ -410,6 +413,8 @@ class FastPath:
         self._one_row_applied: dict[str, OneRowChoice] = {}  # the choices this fast path applies, for describe()
         self._one_row_copies = WeakIdKeyDictionary()  # weight -> True: its one-row products read its copy
         self._lock = threading.Lock()
+        # Held while a one-row measurement flips the rule (not _lock: the timed forwards take it in choice()).
+        self._one_row_lock = threading.Lock()
         self._load_cache()
 
     @classmethod
@@ -439,7 +444,7 @@ class FastPath:
         weights = linear_weights(model)
         fast_path.tune(weights, progress=progress)
         fast_path.reserve(weights, budget=default_copy_budget(model) if copy_budget is None else copy_budget)
-        fast_path.measure_one_row(model)
+        fast_path.measure_one_row(model, progress=progress)
         fast_path._included[model] = True
         return fast_path
 
@@ -507,47 +512,66 @@ class FastPath:
         """Whether ``weight`` was granted a copy (made on its first use)."""
         return weight in self._reserved
 
-    def measure_one_row(self, model: torch.nn.Module) -> OneRowChoice | None:
+    def measure_one_row(self, model: torch.nn.Module, progress: bool = True) -> OneRowChoice | None:
         """Whether ``model``'s one-row products read its weight copies, measured on its own forwards, and
-        applied: the ``OneRowChoice``, or None (nothing changes) where none of its weights holds a copy or
-        its forward cannot be timed alone.
+        applied: the ``OneRowChoice``, or None (one-row products keep their weights) where none of its
+        weights holds a copy or its forward cannot be timed alone.
 
         A product timed alone has its weight in cache; in a forward the weights come from memory, and
         what that does to a one-row product differs by machine: on one, copies timed up to 40% faster
-        alone left the one-token forward slower; on another, ``F.linear``'s one-row product ran three
-        times slower than the packed copy (docs/fast_path.rst, "Timed alone, used in a forward"). So
-        whole one-token forwards of ``model`` (one row, 256 cached tokens) are timed both ways,
-        ``_ONE_ROW_ROUNDS`` rounds in alternating order, and the medians decide (``OneRowChoice.copies``).
-        Once per machine and model: the result is cached with the choices."""
+        alone left the one-token forward slower; on another, the one-token forward took 43.0 ms with its
+        one-row products on the weights and 27.5 ms on the copies (docs/fast_path.rst, "One row,
+        measured on whole forwards"). So whole one-token forwards of ``model`` (one row, 256 cached
+        tokens) are timed both ways, ``_ONE_ROW_ROUNDS`` rounds in alternating order (with a progress
+        bar when ``progress``), and the medians decide (``OneRowChoice.copies``). Once per machine, model
+        and set of copied weights: the result is cached with the choices. Call it before generating on
+        this fast path, not while another thread does: the measurement switches the rule back and forth.
+        Copies granted to ``model``'s weights after it (a later ``reserve``) keep their weights at one
+        row until it is called again; a weight that another module shares with ``model`` follows
+        ``model``'s result."""
         weights = [weight for weight in linear_weights(model) if weight in self._reserved]
         if not weights:
             return None
-        key = _model_key(model)
-        choice = self._one_row.get(key)
-        if choice is None:
-            try:
-                choice = self._time_one_row(model, weights)
-            except (AttributeError, TypeError, ValueError, RuntimeError) as error:  # a model that cannot step alone
-                logger.warning("fast path: could not time %s's one-token forward (%s); its one-row products keep their weights", type(model).__name__, error)
-                self._use_one_row(weights, False)
-                return None
-            with self._lock:
-                self._one_row[key] = choice
-                self._save_cache()
-        self._use_one_row(weights, choice.copies)
-        self._one_row_applied[key] = choice
+        copied = [(index, self._reserved[weight][1]) for index, weight in enumerate(linear_weights(model)) if weight in self._reserved]
+        key = _model_key(model, copied)
+        with self._one_row_lock:
+            choice = self._one_row.get(key)
+            if choice is None:
+                choice = self._time_one_row(model, weights, progress)
+                if choice is None:
+                    return None
+                with self._lock:
+                    self._one_row[key] = choice
+                    self._save_cache()
+            self._use_one_row(weights, choice.copies)
+            self._one_row_applied[key] = choice
         return choice
 
-    def _time_one_row(self, model: torch.nn.Module, weights: list[torch.Tensor]) -> OneRowChoice:
+    def one_row_copies(self, model: torch.nn.Module) -> bool:
+        """Whether ``model``'s one-row products read its weight copies now (``measure_one_row``)."""
+        return any(weight in self._one_row_copies for weight in linear_weights(model))
+
+    def _time_one_row(self, model: torch.nn.Module, weights: list[torch.Tensor], progress: bool) -> OneRowChoice | None:
         """Median seconds of ``model``'s one-token forward with ``weights``' one-row products on the weights
-        and on their copies, in alternating order (``measure_one_row``)."""
+        and on their copies, in alternating order (``measure_one_row``); None, with a warning, where the
+        forward cannot be timed alone. Leaves the products on the weights, whatever happens."""
         from dspark.cost_models.profiling import measure_step_time  # it times forwards on a FastPath
 
+        order = [copies for index in range(_ONE_ROW_ROUNDS) for copies in ((False, True) if index % 2 == 0 else (True, False))]
+        if progress:
+            from tqdm.auto import tqdm
+
+            order = tqdm(order, desc="dspark fast path: timing one-token forwards (once per machine and model)", unit="way")
         seconds: dict[bool, list[float]] = {False: [], True: []}
-        for round_index in range(_ONE_ROW_ROUNDS):
-            for copies in (False, True) if round_index % 2 == 0 else (True, False):
+        try:
+            for copies in order:
                 self._use_one_row(weights, copies)
                 seconds[copies].append(measure_step_time(model, 1, 1, 256, self, repeats=_ONE_ROW_REPEATS).seconds)
+        except (AttributeError, TypeError, ValueError, RuntimeError) as error:  # a model that cannot step alone
+            logger.warning("fast path: could not time %s's one-token forward (%s); its one-row products keep their weights", type(model).__name__, error)
+            return None
+        finally:
+            self._use_one_row(weights, False)
         return OneRowChoice(seconds_without=statistics.median(seconds[False]), seconds_with=statistics.median(seconds[True]))
 
     def _use_one_row(self, weights: list[torch.Tensor], copies: bool) -> None:
@@ -559,8 +583,9 @@ class FastPath:
                 self._one_row_copies.pop(weight, None)
             entry = self._plans.get(id(weight))
             if entry is not None:  # the one-row plans made under the other rule
-                for plan in [plan for plan in entry[1] if plan[0] == 1]:
-                    del entry[1][plan]
+                for rows_and_dtype in list(entry[1]):
+                    if rows_and_dtype[0] == 1:
+                        entry[1].pop(rows_and_dtype, None)
 
     @staticmethod
     def _copy_gain(choice: LinearChoice, formulation: str) -> float:
@@ -615,8 +640,9 @@ class FastPath:
         makes forwards of different widths read different bytes, so each switch of width finds its
         weights cold (docs/fast_path.rst, "Timed alone, used in a forward"). Where one-row products
         read the copies, every width reads the same bytes."""
-        if choice.rows == 1 and weight in self._one_row_copies and weight in self._reserved:
-            return [self._reserved[weight][1], "linear"]
+        reserved = self._reserved.get(weight) if choice.rows == 1 and weight in self._one_row_copies else None
+        if reserved is not None and reserved[1] in choice.ranking:  # ranked: it agreed with F.linear at one row
+            return [reserved[1], "linear"]
         kernel = _seconds_of(choice, "linear")
         allowed = [
             name for name in choice.ranking
@@ -762,7 +788,7 @@ class FastPath:
                 shape, bucket, dtype, device = key.split("|")
                 out_features, in_features = (int(size) for size in shape.split("x"))
                 choices[(out_features, in_features, int(bucket), getattr(torch, dtype), device)] = LinearChoice(**values)
-            one_row = {key: OneRowChoice(**values) for key, values in stored.get("one_row", {}).items()}
+            one_row = {key: OneRowChoice(**values) for key, values in (stored.get("one_row") or {}).items()}
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
             logger.warning("ignoring unreadable fast-path cache %s: %s", self.cache_file, error)
             return

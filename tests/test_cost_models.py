@@ -1,6 +1,7 @@
 """Cost models in dspark/cost_models/: constant, profiled (table, monotone surface, measuring and its
 cache), roofline, online correction, and SGLang's SPS table format."""
 
+import inspect
 import json
 import math
 
@@ -10,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dspark import fast_path as fast_path_module
 from dspark.cost_models import (
     DEVICES,
     AutoProfiledCostModel,
@@ -34,7 +36,7 @@ from dspark.cost_models import (
 from dspark.cost_models import profiled as profiled_module
 from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.drafters import PromptLookupDrafter
-from dspark.fast_path import REVISION, FastPath
+from dspark.fast_path import REVISION, FastPath, OneRowChoice
 from dspark.protocols import CostModel
 from dspark.types import GenerationStart, SamplingConfig
 from tests.conftest import build_model, tiny_semi_ar_drafter
@@ -309,6 +311,20 @@ def test_profile_times_a_drafter_that_reads_target_features(target, tmp_path):
     assert model.table.key["drafter"].startswith("SemiARDrafter") and model.table.key["max_draft_tokens"] == 3
     assert model.table.draft_depths == (1, 2, 3) and all(seconds > 0 for row in model.table.draft_seconds for seconds in row)
     assert model.draft_time(2, 1) > 0
+
+
+@pytest.mark.parametrize("copies", [True, False])
+def test_the_key_records_whether_one_row_products_read_copies(target, tmp_path, monkeypatch, copies):
+    """The table's key carries the fast path's one-row choice, so a table timed under the other one is measured
+    again rather than read."""
+    # Packed copies timed fastest, so that the target's weights hold copies whatever this machine's timings.
+    monkeypatch.setattr(fast_path_module, "_seconds", lambda function, *_: 1.0 if inspect.getclosurevars(function).nonlocals["formulation"] == "packed" else 2.0)
+    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress: OneRowChoice(seconds_without=2.0, seconds_with=1.0 if copies else 2.0))
+    path = FastPath.for_model(target, cache_dir=tmp_path, progress=False)
+    assert path.one_row_copies(target) is copies
+    model = ProfiledCostModel.profile(target, rows=(1,), tokens=(1,), context=4, repeats=1, fast_path=path, cache_dir=tmp_path, progress=False)
+    assert model.table.key["one_row_copies"] is copies
+    assert ProfiledCostModel.profile(target, rows=(1,), tokens=(1,), context=4, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False).table.key["one_row_copies"] is None
 
 
 def test_profile_runs_the_forwards_on_a_given_fast_path(target, tmp_path):

@@ -337,11 +337,19 @@ def default_table_dir() -> Path:
 
 
 def profile_key(
-    target: torch.nn.Module, drafter=None, context: int = 256, repeats: int = 5, fast_path: bool = True, max_draft_tokens: int | None = None
+    target: torch.nn.Module,
+    drafter=None,
+    context: int = 256,
+    repeats: int = 5,
+    fast_path: bool = True,
+    max_draft_tokens: int | None = None,
+    one_row_copies: bool | None = None,
 ) -> dict:
     """What a profiled table's timings depend on: the target (class, name, parameter count), device,
     dtype, torch threads and version, the measuring settings (``profiling.REVISION``, and the fast path's
-    ``REVISION`` when it is on), and the drafter (class, parameters, γ).
+    ``REVISION`` when it is on, with whether its one-row products read weight copies,
+    ``FastPath.one_row_copies``: measured per machine, it can come out otherwise when measured again), and
+    the drafter (class, parameters, γ).
     Weights' values are left out: a forward's time does not depend on them."""
     weight = target.get_output_embeddings().weight
     name = target.config.name_or_path or "" if hasattr(target, "config") else ""
@@ -357,6 +365,7 @@ def profile_key(
         "profiling_revision": PROFILING_REVISION,
         "fast_path": fast_path,
         "fast_path_revision": FAST_PATH_REVISION if fast_path else None,
+        "one_row_copies": one_row_copies if fast_path else None,
         "drafter": None if drafter is None else f"{type(drafter).__name__} {_parameter_count(drafter)}",
         "max_draft_tokens": max_draft_tokens,
     }
@@ -517,14 +526,15 @@ class ProfiledCostModel:
             raise TypeError(f"fast_path must be None, a bool or a dspark.fast_path.FastPath, got {type(fast_path).__name__}")
         width = None if drafter is None else _draft_width(drafter, tokens, max_draft_tokens)
         fast = on_cpu(target) if fast_path is None else fast_path is not False
-        key = profile_key(target, drafter, context=context, repeats=repeats, fast_path=fast, max_draft_tokens=width)
+        path_to_time = _resolve_fast_path(target, drafter, fast_path) if fast else None
+        one_row_copies = None if path_to_time is None else path_to_time.one_row_copies(target)
+        key = profile_key(target, drafter, context=context, repeats=repeats, fast_path=fast, max_draft_tokens=width, one_row_copies=one_row_copies)
         directory = default_table_dir() if cache_dir is None else Path(cache_dir)
         path = _cache_file(directory, key, rows, tokens)
         cached = _read_cached(path, key, rows, tokens)
         if cached is not None:
             return cls(cached)
 
-        path_to_time = _resolve_fast_path(target, drafter, fast_path)
         timings = cost_curve(target, rows=rows, tokens=tokens, contexts=(context,), fast_path=path_to_time, repeats=repeats, progress=progress)
         seconds = {(timing.rows, timing.tokens): timing.seconds for timing in timings}
         draft_depths = draft_seconds = None
