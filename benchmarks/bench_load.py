@@ -22,7 +22,9 @@ logistic model of its signals), greedy and/or at temperature 1:
 * the same ratios for decoding alone (``decode_*``: the steps' own times from the step records, so
   the prompt's processing, which dominates short runs at large c, is left out); with ``--repeats N``
   every time is the median of N timed rounds; a round times every policy on each batch in turn, so
-  that drift in the machine's speed hits every policy alike;
+  that drift in the machine's speed hits every policy alike, and the order turns by one policy at
+  every batch, so that no policy always runs after the same one (what ran before changes what the
+  caches and the allocator hold);
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
   length against c (Figure 8). The JSON is written after every setting, with ``"complete": false`` until
   the last one is done, and records the code measured (git ids of ``dspark``, this script and
@@ -168,7 +170,7 @@ def _entry(target, batches: list, walls: list[float], decodes: list[float], resu
 def _run_setting(target, policies: dict, batches: list, sampling, max_new_tokens: int, repeats: int, bar) -> tuple[dict, dict]:
     """Every policy on every batch: an untimed warm-up each on every batch, then ``repeats`` rounds
     that time every policy on each batch in turn, so that drift in the machine's speed hits all of them
-    alike. Returns (entries, tokens) by name."""
+    alike, in an order that turns by one policy at every batch. Returns (entries, tokens) by name."""
     models = {name: dspark.SpeculativeModel(target, strategy) for name, strategy in policies.items()}
     for model in models.values():
         # A new batch shape pays one-off set-up (allocations, kernel choices, and the cost model's table of
@@ -176,11 +178,15 @@ def _run_setting(target, policies: dict, batches: list, sampling, max_new_tokens
         for batch in batches:
             _timed(model, batch, sampling, 4)
     rounds = {name: [] for name in models}  # per round: (wall, decode, results), summed over the batches
-    for _ in range(repeats):
+    names = list(models)
+    for round_index in range(repeats):
         timed = {name: [] for name in models}
-        for batch in batches:
-            for name, model in models.items():
-                timed[name].append(_timed(model, batch, sampling, max_new_tokens))
+        for batch_index, batch in enumerate(batches):
+            # The order turns at every batch: a generation runs slower after some policies than after others
+            # (what the one before left in the caches and the allocator), so no policy always follows the same one.
+            turn = (round_index * len(batches) + batch_index) % len(names)
+            for name in names[turn:] + names[:turn]:
+                timed[name].append(_timed(models[name], batch, sampling, max_new_tokens))
         for name, runs in timed.items():
             walls, decodes, results = zip(*runs)
             rounds[name].append((sum(walls), sum(decodes), list(results)))
