@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         "results": results,
     }
     write_json(args.output, report)
+    cache.cleanup()
     print(f"wrote {args.output}")
     return report
 

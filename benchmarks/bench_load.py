@@ -22,9 +22,9 @@ logistic model of its signals), greedy and/or at temperature 1:
 * the same ratios for decoding alone (``decode_*``: the steps' own times from the step records, so
   the prompt's processing, which dominates short runs at large c, is left out); with ``--repeats N``
   every time is the median of N timed rounds; a round times every policy on each batch in turn, so
-  that drift in the machine's speed hits every policy alike, and the order turns by one policy at
-  every batch, so that no policy always runs after the same one (what ran before changes what the
-  caches and the allocator hold);
+  that drift in the machine's speed hits every policy alike, in an order drawn anew (seeded) at every
+  batch, so that no policy always runs after the same one (what ran before changes what the caches
+  and the allocator hold);
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
   length against c (Figure 8). The JSON is written after every setting, with ``"complete": false`` until
   the last one is done, and records the code measured (git ids of ``dspark``, this script and
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shlex
 import statistics
 import subprocess
@@ -170,7 +171,7 @@ def _entry(target, batches: list, walls: list[float], decodes: list[float], resu
 def _run_setting(target, policies: dict, batches: list, sampling, max_new_tokens: int, repeats: int, bar) -> tuple[dict, dict]:
     """Every policy on every batch: an untimed warm-up each on every batch, then ``repeats`` rounds
     that time every policy on each batch in turn, so that drift in the machine's speed hits all of them
-    alike, in an order that turns by one policy at every batch. Returns (entries, tokens) by name."""
+    alike, in an order drawn anew (seeded) at every batch. Returns (entries, tokens) by name."""
     models = {name: dspark.SpeculativeModel(target, strategy) for name, strategy in policies.items()}
     for model in models.values():
         # A new batch shape pays one-off set-up (allocations, kernel choices, and the cost model's table of
@@ -182,10 +183,11 @@ def _run_setting(target, policies: dict, batches: list, sampling, max_new_tokens
     for round_index in range(repeats):
         timed = {name: [] for name in models}
         for batch_index, batch in enumerate(batches):
-            # The order turns at every batch: a generation runs slower after some policies than after others
-            # (what the one before left in the caches and the allocator), so no policy always follows the same one.
-            turn = (round_index * len(batches) + batch_index) % len(names)
-            for name in names[turn:] + names[:turn]:
+            # A new order at every batch, drawn from a seeded generator: what ran before changes what the caches
+            # and the allocator hold, so no policy may always follow the same one (turning one order round keeps
+            # each policy's predecessor wherever it does not run first).
+            order = random.Random(round_index * len(batches) + batch_index).sample(names, len(names))
+            for name in order:
                 timed[name].append(_timed(models[name], batch, sampling, max_new_tokens))
         for name, runs in timed.items():
             walls, decodes, results = zip(*runs)

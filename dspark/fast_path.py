@@ -410,7 +410,7 @@ class FastPath:
         self._plans: dict[int, tuple[weakref.ref, dict]] = {}
         self._included = WeakIdKeyDictionary()  # module -> True
         self._one_row: dict[str, OneRowChoice] = {}  # model key -> its measured one-row choice (disk cache)
-        self._one_row_applied: dict[str, OneRowChoice] = {}  # the choices this fast path applies, for describe()
+        self._one_row_applied = WeakIdKeyDictionary()  # model -> the one-row choice applied to it, for describe()
         self._one_row_copies = WeakIdKeyDictionary()  # weight -> True: its one-row products read its copy
         self._lock = threading.Lock()
         # Held while a one-row measurement flips the rule (not _lock: the timed forwards take it in choice()).
@@ -529,12 +529,14 @@ class FastPath:
         Copies granted to ``model``'s weights after it (a later ``reserve``) keep their weights at one
         row until it is called again; a weight that another module shares with ``model`` follows
         ``model``'s result."""
-        weights = [weight for weight in linear_weights(model) if weight in self._reserved]
-        if not weights:
+        # Only copies whose formulation agreed with F.linear at one row may serve one-row products.
+        readable = [(index, weight) for index, weight in enumerate(linear_weights(model)) if self._reads_copy_at_one_row(weight)]
+        if not readable:
             return None
-        copied = [(index, self._reserved[weight][1]) for index, weight in enumerate(linear_weights(model)) if weight in self._reserved]
-        key = _model_key(model, copied)
+        weights = [weight for _, weight in readable]
+        key = _model_key(model, [(index, self._reserved[weight][1]) for index, weight in readable])
         with self._one_row_lock:
+            self._one_row_applied.pop(model, None)
             choice = self._one_row.get(key)
             if choice is None:
                 choice = self._time_one_row(model, weights, progress)
@@ -544,8 +546,13 @@ class FastPath:
                     self._one_row[key] = choice
                     self._save_cache()
             self._use_one_row(weights, choice.copies)
-            self._one_row_applied[key] = choice
+            self._one_row_applied[model] = choice
         return choice
+
+    def _reads_copy_at_one_row(self, weight: torch.Tensor) -> bool:
+        """Whether ``weight`` holds a copy whose formulation agreed with ``F.linear`` at one row (it is ranked there)."""
+        reserved = self._reserved.get(weight)
+        return reserved is not None and reserved[1] in self.choice(weight.shape[0], weight.shape[1], 1, weight.dtype, weight.device).ranking
 
     def one_row_copies(self, model: torch.nn.Module) -> bool:
         """Whether ``model``'s one-row products read its weight copies now (``measure_one_row``)."""
@@ -641,7 +648,7 @@ class FastPath:
         weights cold (docs/fast_path.rst, "Timed alone, used in a forward"). Where one-row products
         read the copies, every width reads the same bytes."""
         reserved = self._reserved.get(weight) if choice.rows == 1 and weight in self._one_row_copies else None
-        if reserved is not None and reserved[1] in choice.ranking:  # ranked: it agreed with F.linear at one row
+        if reserved is not None:  # measure_one_row only lets copies ranked at one row (agreeing with F.linear) in
             return [reserved[1], "linear"]
         kernel = _seconds_of(choice, "linear")
         allowed = [
@@ -768,7 +775,7 @@ class FastPath:
                 continue
             speedup = _seconds_of(choice, "linear") / choice.seconds[0]
             lines.append(f"{choice.out_features:>8} x {choice.in_features:<7} {choice.rows:>5} {choice.dtype:>9}  {choice.best:<14} {speedup:>10.2f}x")
-        for choice in self._one_row_applied.values():
+        for choice in list(self._one_row_applied.values()):
             lines.append(
                 f"one-token forward: {choice.seconds_without * 1e3:.2f} ms on the weights, {choice.seconds_with * 1e3:.2f} ms on the copies;"
                 f" one-row products read the {'copies' if choice.copies else 'weights'}"

@@ -36,7 +36,7 @@ from dspark.cost_models import (
 from dspark.cost_models import profiled as profiled_module
 from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.drafters import PromptLookupDrafter
-from dspark.fast_path import REVISION, FastPath, OneRowChoice
+from dspark.fast_path import REVISION, FastPath, OneRowChoice, linear_weights
 from dspark.protocols import CostModel
 from dspark.types import GenerationStart, SamplingConfig
 from tests.conftest import build_model, tiny_semi_ar_drafter
@@ -324,6 +324,10 @@ def test_the_key_records_whether_one_row_products_read_copies(target, tmp_path, 
     assert path.one_row_copies(target) is copies
     model = ProfiledCostModel.profile(target, rows=(1,), tokens=(1,), context=4, repeats=1, fast_path=path, cache_dir=tmp_path, progress=False)
     assert model.table.key["one_row_copies"] is copies
+    path._use_one_row(list(linear_weights(target)), not copies)  # as if measured again with the other outcome
+    again = ProfiledCostModel.profile(target, rows=(1,), tokens=(1,), context=4, repeats=1, fast_path=path, cache_dir=tmp_path, progress=False)
+    assert again.table.key["one_row_copies"] is not copies
+    assert len([table for table in tmp_path.glob("*.json") if not table.name.startswith("linear_choices")]) == 2
     assert ProfiledCostModel.profile(target, rows=(1,), tokens=(1,), context=4, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False).table.key["one_row_copies"] is None
 
 

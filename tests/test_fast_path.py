@@ -226,8 +226,8 @@ def test_a_new_set_of_copies_is_measured_again_and_its_choice_replaces_the_one_r
 
 
 def test_a_copy_that_failed_the_one_row_check_is_not_read_at_one_row(tmp_path, monkeypatch):
-    """Where the copy's formulation was left out of the one-row ranking (it did not agree with F.linear there), a
-    one-row product keeps its weight even though the model's forwards measured the copies faster."""
+    """Copies whose formulation was left out of the one-row ranking (it did not agree with F.linear there) are not
+    measured at one row nor read there, whatever a timing would say; wider products still read them."""
 
     def measure(self, out_features, in_features, rows, dtype, device):
         ranking = ("linear", "transposed") if rows == 1 else ("packed", "linear", "transposed")
@@ -239,7 +239,7 @@ def test_a_copy_that_failed_the_one_row_check_is_not_read_at_one_row(tmp_path, m
     model = build_model("llama")
     path = FastPath.for_model(model, cache_dir=tmp_path)
     weight = model.model.layers[0].self_attn.q_proj.weight
-    assert path.is_reserved(weight) and path.one_row_copies(model)
+    assert path.is_reserved(weight) and path.measure_one_row(model) is None and not path.one_row_copies(model)
     used = []
     apply = fast_path._apply
     monkeypatch.setattr(fast_path, "_apply", lambda name, *arguments: used.append(name) or apply(name, *arguments))
@@ -277,6 +277,30 @@ def test_a_forward_that_cannot_be_timed_leaves_one_row_products_on_their_weights
     with path.active():
         F.linear(torch.randn(1, weight.shape[1]), weight)
     assert used == ["linear"]
+
+
+def test_an_interrupted_one_row_measurement_leaves_one_row_products_on_their_weights(tmp_path, monkeypatch):
+    """An exception the measurement does not catch (an interrupt during the pass on the copies) propagates, and the
+    one-row products are back on their weights: the finally restores them."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    from dspark.cost_models import profiling
+
+    calls = []
+    measure = profiling.measure_step_time
+
+    def interrupted_second_time(*arguments, **keywords):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measure(*arguments, **keywords)
+
+    model = build_model("llama")
+    path = FastPath.for_model(model, cache_dir=tmp_path, copy_budget=0)
+    path.reserve(linear_weights(model), budget=10**9)
+    monkeypatch.setattr(profiling, "measure_step_time", interrupted_second_time)
+    with pytest.raises(KeyboardInterrupt):
+        path.measure_one_row(model)
+    assert len(calls) == 2 and not path.one_row_copies(model)
 
 
 def test_a_cache_without_one_row_choices_still_gives_its_linear_choices(tmp_path):
