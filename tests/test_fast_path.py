@@ -249,22 +249,29 @@ def test_a_copy_that_failed_the_one_row_check_is_not_read_at_one_row(tmp_path, m
     assert used == ["linear", "packed"]
 
 
-def test_a_forward_that_cannot_be_timed_leaves_one_row_products_on_their_weights(tmp_path, monkeypatch, caplog):
-    """A failure half way through the one-row measurement is a warning: measure_one_row returns None, nothing is
-    cached, and one-row products keep their weights although the failed pass had switched them to the copies."""
-    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+def _raising_at_the_second_forward_timing(monkeypatch, error: BaseException) -> list:
+    """Make ``measure_step_time`` raise ``error`` at its second call (the one-row measurement's pass on the copies);
+    returns the list its calls are counted in."""
     from dspark.cost_models import profiling
 
     calls = []
     measure = profiling.measure_step_time
 
-    def failing_second_time(*arguments, **keywords):
+    def raising_second_time(*arguments, **keywords):
         calls.append(1)
         if len(calls) == 2:
-            raise RuntimeError("no forward today")
+            raise error
         return measure(*arguments, **keywords)
 
-    monkeypatch.setattr(profiling, "measure_step_time", failing_second_time)
+    monkeypatch.setattr(profiling, "measure_step_time", raising_second_time)
+    return calls
+
+
+def test_a_forward_that_cannot_be_timed_leaves_one_row_products_on_their_weights(tmp_path, monkeypatch, caplog):
+    """A failure half way through the one-row measurement is a warning: measure_one_row returns None, nothing is
+    cached, and one-row products keep their weights although the failed pass had switched them to the copies."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    calls = _raising_at_the_second_forward_timing(monkeypatch, RuntimeError("no forward today"))
     model = build_model("llama")
     with caplog.at_level(logging.WARNING, logger="dspark.fast_path"):
         path = FastPath.for_model(model, cache_dir=tmp_path)
@@ -283,21 +290,10 @@ def test_an_interrupted_one_row_measurement_leaves_one_row_products_on_their_wei
     """An exception the measurement does not catch (an interrupt during the pass on the copies) propagates, and the
     one-row products are back on their weights: the finally restores them."""
     monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
-    from dspark.cost_models import profiling
-
-    calls = []
-    measure = profiling.measure_step_time
-
-    def interrupted_second_time(*arguments, **keywords):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return measure(*arguments, **keywords)
-
     model = build_model("llama")
     path = FastPath.for_model(model, cache_dir=tmp_path, copy_budget=0)
     path.reserve(linear_weights(model), budget=10**9)
-    monkeypatch.setattr(profiling, "measure_step_time", interrupted_second_time)
+    calls = _raising_at_the_second_forward_timing(monkeypatch, KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         path.measure_one_row(model)
     assert len(calls) == 2 and not path.one_row_copies(model)
