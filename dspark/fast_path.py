@@ -256,8 +256,9 @@ def _machine_fingerprint() -> str:
         for line in cpuinfo.read_text().splitlines():
             name, _, value = line.partition(":")
             fields.setdefault(name.strip(), value.strip())  # the first processor's
+        processor = fields.get("model name", processor)
         details = ", ".join(f"{name} {fields[name]}" for name in ("cpu family", "model", "stepping") if name in fields)
-        processor = f"{fields.get('model name', processor)} ({details})" if details else fields.get("model name", processor)
+        processor = f"{processor} ({details})" if details else processor
     cache = _last_level_cache()
     return f"torch {torch.__version__} | {processor}{'' if cache is None else f', {cache}'} | {torch.get_num_threads()} threads"
 

@@ -37,6 +37,14 @@ def _ranked_first(formulation: str):
     return seconds
 
 
+def _formulations_used(monkeypatch) -> list:
+    """A list that gathers the name of every formulation ``_apply`` runs from now on (measurements made earlier are not in it)."""
+    used = []
+    apply = fast_path._apply
+    monkeypatch.setattr(fast_path, "_apply", lambda name, *arguments: used.append(name) or apply(name, *arguments))
+    return used
+
+
 def _tight(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     return torch.allclose(actual, expected, rtol=1e-5, atol=1e-5)
 
@@ -156,9 +164,7 @@ def test_a_models_one_row_products_read_its_copies_where_its_forwards_ran_faster
     outsider = torch.nn.Linear(32, 48)
     path.tune([outsider.weight], rows=(1, 8), progress=False)
     path.reserve([outsider.weight], budget=10**6)
-    used = []  # the measurements are done: from here on, the formulations the forward uses
-    apply = fast_path._apply
-    monkeypatch.setattr(fast_path, "_apply", lambda name, *arguments: used.append(name) or apply(name, *arguments))
+    used = _formulations_used(monkeypatch)  # the measurements are done: from here on, the formulations the forward uses
     weight = model.model.layers[0].self_attn.q_proj.weight
     x = torch.randn(1, weight.shape[1])
     with path.active():
@@ -211,9 +217,7 @@ def test_a_new_set_of_copies_is_measured_again_and_its_choice_replaces_the_one_r
     weight, later = model.model.layers[0].self_attn.q_proj.weight, model.model.layers[0].self_attn.k_proj.weight
     path.reserve([weight], budget=weight.numel() * weight.element_size())
     assert path.measure_one_row(model).copies is True
-    used = []
-    apply = fast_path._apply
-    monkeypatch.setattr(fast_path, "_apply", lambda name, *arguments: used.append(name) or apply(name, *arguments))
+    used = _formulations_used(monkeypatch)
     x = torch.randn(1, weight.shape[1])
     with path.active():
         F.linear(x, weight)
@@ -240,9 +244,7 @@ def test_a_copy_that_failed_the_one_row_check_is_not_read_at_one_row(tmp_path, m
     path = FastPath.for_model(model, cache_dir=tmp_path)
     weight = model.model.layers[0].self_attn.q_proj.weight
     assert path.is_reserved(weight) and path.measure_one_row(model) is None and not path.one_row_copies(model)
-    used = []
-    apply = fast_path._apply
-    monkeypatch.setattr(fast_path, "_apply", lambda name, *arguments: used.append(name) or apply(name, *arguments))
+    used = _formulations_used(monkeypatch)
     with path.active():
         F.linear(torch.randn(1, weight.shape[1]), weight)
         F.linear(torch.randn(2, weight.shape[1]), weight)
@@ -277,9 +279,7 @@ def test_a_forward_that_cannot_be_timed_leaves_one_row_products_on_their_weights
         path = FastPath.for_model(model, cache_dir=tmp_path)
     assert "no forward today" in caplog.text and len(calls) == 2
     assert not json.loads(next(tmp_path.glob("linear_choices_*.json")).read_text()).get("one_row")
-    used = []
-    apply = fast_path._apply
-    monkeypatch.setattr(fast_path, "_apply", lambda name, *arguments: used.append(name) or apply(name, *arguments))
+    used = _formulations_used(monkeypatch)
     weight = next(weight for weight in linear_weights(model) if path.is_reserved(weight))
     with path.active():
         F.linear(torch.randn(1, weight.shape[1]), weight)
@@ -334,9 +334,7 @@ def test_another_formulation_replaces_f_linear_only_where_it_was_timed_clearly_f
     path = FastPath(copy_budget=10**6)
     path.tune([layer.weight], rows=(4, 8), progress=False)
     path.reserve([layer.weight])
-    used = []  # the measurements are done: from here on, the formulations the forward uses
-    apply = fast_path._apply
-    monkeypatch.setattr(fast_path, "_apply", lambda name, *arguments: used.append(name) or apply(name, *arguments))
+    used = _formulations_used(monkeypatch)  # the measurements are done: from here on, the formulations the forward uses
     x = torch.randn(4, 16)
     with path.active():
         routed = layer(x)

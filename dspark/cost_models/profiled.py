@@ -518,7 +518,8 @@ class ProfiledCostModel:
         ``dspark.pretrained.default_cache_dir() / "cost_tables"``), named by a hash of
         ``profile_key`` and the grid; a later call with the same key and grid loads it and measures
         no forward (on the fast path it builds that path first, since the key holds its one-row choice;
-        ``profile_key`` called alone leaves ``one_row_copies`` None unless given). The default folder is ``default_table_dir()``.
+        ``profile_key`` called alone leaves ``one_row_copies`` None unless given). The default folder is
+        ``default_table_dir()``.
         """
         rows, tokens = _check_grid("rows", rows), _check_grid("tokens", tokens)
         check_int("context", context, 1)
