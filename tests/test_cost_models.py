@@ -538,7 +538,7 @@ def test_online_correction_converges_to_observed_times():
     for _ in range(60):
         model.observe_step(4, 3, 0.2)
     assert model.step_time(4, 3) == pytest.approx(0.2, rel=0.01)
-    assert model.step_correction(4, 3) == pytest.approx(2.0, rel=0.01)
+    assert model.step_correction(4, 3) * model.report()["step_pace"] == pytest.approx(2.0, rel=0.01)
     assert model.step_time(4, 5) == pytest.approx(0.2, rel=0.01)  # a wider unobserved cell follows its narrower one
     assert model.step_time(1, 1) == 0.1  # an unobserved cell with none narrower stays at the profile until observed
     drafting = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.004), smoothing=1.0)
@@ -549,7 +549,7 @@ def test_online_correction_converges_to_observed_times():
 def test_online_correction_learns_greedy_and_sampled_generations_apart():
     """Steps of sampled generations observed at twice the base's time correct sampled generations only: a greedy
     generation starts from the base, and the sampled correction is back when a sampled generation starts again."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.5)
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.5, pace_smoothing=None)
     greedy = GenerationStart(rows=1, device=torch.device("cpu"), max_draft_tokens=3, max_length=8, sampling=SamplingConfig())
     sampled = attrs.evolve(greedy, sampling=SamplingConfig(do_sample=True, temperature=1.0))
     model.start(sampled)
@@ -567,7 +567,7 @@ def test_online_correction_learns_greedy_and_sampled_generations_apart():
 def test_online_correction_is_per_cell_and_stays_monotone():
     """A cell observed faster than the rest keeps its own correction, and no larger batch drops below it."""
     base = ProfiledCostModel(_table(_linear_in_batch))
-    model = OnlineCorrectedCostModel(base, smoothing=0.5)
+    model = OnlineCorrectedCostModel(base, smoothing=0.5, pace_smoothing=None)
     for _ in range(30):
         model.observe_step(1, 1, 0.5 * base.step_time(1, 1))
         model.observe_step(4, 4, 3.0 * base.step_time(4, 4))
@@ -575,6 +575,71 @@ def test_online_correction_is_per_cell_and_stays_monotone():
     assert model.step_time(4, 4) == pytest.approx(3.0 * base.step_time(4, 4), rel=1e-3)
     # (5, 4) is an unobserved cell whose own correction (the global one, ≈1.75) would make it cheaper than (4, 4).
     assert model.step_time(5, 4) >= model.step_time(4, 4)
+
+
+def test_an_unobserved_smaller_cell_never_prices_an_observed_larger_one_above_what_it_took():
+    """A profile whose one-row entry was timed in a burst of noise (above its four-row one) does not raise the observed
+    four-row step's price through the cumulative maximum: unobserved cells answer at most what observed cells above
+    them took, while without observations the profile's envelope stands."""
+    base = ProfiledCostModel(CostTable(rows=(1, 2, 4), tokens=(1, 2), step_seconds=((0.041, 0.043), (0.031, 0.047), (0.030, 0.037))))
+    model = OnlineCorrectedCostModel(base, smoothing=0.1, pace_smoothing=None)
+    assert model.step_time(4, 1) == pytest.approx(0.041)  # the envelope of the profile
+    for _ in range(40):  # drafted steps took what the profile said; one-token steps less than its envelope
+        model.observe_step(4, 2, 0.047)
+        model.observe_step(4, 1, 0.029)
+    assert model.step_time(4, 1) == pytest.approx(0.029, rel=1e-3)  # not 0.041 times the global correction
+    assert model.step_time(1, 1) <= model.step_time(2, 1) <= model.step_time(4, 1)
+    assert model.step_time(4, 2) >= model.step_time(4, 1)  # unobserved above: still monotone
+    table = CostTable(rows=(1, 4), tokens=(1, 2), step_seconds=((0.03, 0.03), (0.03, 0.03)),
+                      draft_rows=(1, 4), draft_depths=(1, 2), draft_seconds=((0.012, 0.013), (0.006, 0.007)))
+    drafting = OnlineCorrectedCostModel(ProfiledCostModel(table), smoothing=0.1, pace_smoothing=None)
+    assert drafting.draft_time(4, 1) == pytest.approx(0.012)
+    for _ in range(20):
+        drafting.observe_draft(4, 0.006, 1)
+    assert drafting.draft_time(4, 1) == pytest.approx(0.006) and drafting.draft_time(4, 2) >= drafting.draft_time(4, 1)
+
+
+def _spells(model, slow_one_token_steps=(8, 12, 16)):
+    """Feed ``model`` 40 two-token steps at four rows in a fast spell, 20 in a spell 1.4x as slow during which three
+    one-token steps are seen, then 40 fast ones again (profile: 30 ms one token, 35 ms two)."""
+    for _ in range(40):
+        model.observe_step(4, 2, 0.035)
+    for step in range(20):
+        model.observe_step(4, 2, 0.049)
+        if step in slow_one_token_steps:
+            model.observe_step(4, 1, 0.042)
+    for _ in range(40):
+        model.observe_step(4, 2, 0.035)
+
+
+def test_a_cell_seen_only_in_a_slow_spell_keeps_the_price_of_a_second_token():
+    """A one-token cell seen only while the machine ran 1.4x slower is learnt at the usual pace, so a second token
+    keeps costing what the profile says; without the pace the one-token step is priced as dear as two tokens."""
+    base = ProfiledCostModel(CostTable(rows=(4,), tokens=(1, 2), step_seconds=((0.030, 0.035),)))
+    paced, steady = OnlineCorrectedCostModel(base), OnlineCorrectedCostModel(base, pace_smoothing=None)
+    _spells(paced)
+    _spells(steady)
+    assert paced.step_time(4, 2) / paced.step_time(4, 1) > 1.08  # the profile's 1.17, less what the cell's first value kept
+    assert paced.step_time(4, 2) == pytest.approx(0.035, rel=0.01)
+    assert steady.step_time(4, 1) == steady.step_time(4, 2) == pytest.approx(0.042)
+
+
+def test_the_pace_follows_a_spell_and_a_lasting_change_passes_into_the_cells():
+    """π rises within a few steps of a slower spell, then returns to 1 while the slower time, lasting, passes into the
+    cell's correction; a cell's first observations do not move it."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03))
+    for _ in range(3):
+        model.observe_step(2, 1, 0.06)
+    assert model.report()["step_pace"] == 1.0  # the cell's median is still forming: its error is its own
+    for _ in range(30):
+        model.observe_step(2, 1, 0.03)
+    for _ in range(5):
+        model.observe_step(2, 1, 0.045)
+    assert model.report()["step_pace"] > 1.25 and model.step_time(2, 1) == pytest.approx(0.045, rel=0.1)
+    for _ in range(1000):
+        model.observe_step(2, 1, 0.045)
+    assert model.report()["step_pace"] == pytest.approx(1.0, abs=0.01) and model.step_time(2, 1) == pytest.approx(0.045, rel=0.01)
+    assert model.step_correction(2, 1) == pytest.approx(1.5, rel=0.01)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
@@ -599,14 +664,14 @@ def test_online_correction_stays_monotone_for_any_observations(grid, observation
 
 def test_online_draft_correction_learns_seconds_where_the_base_knows_none():
     """With a base drafting time of 0 the observed seconds themselves are smoothed, and more rows never cost less."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.2)
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.2, pace_smoothing=None)
     assert model.draft_time(4, 3) == 0.0
     for _ in range(40):
         model.observe_draft(4, 0.03, 3)
         model.observe_draft(1, 0.01, 3)
     assert model.draft_time(4, 3) == pytest.approx(0.03, rel=1e-3) and model.draft_time(1, 3) == pytest.approx(0.01, rel=1e-3)
     assert model.draft_time(8, 3) >= model.draft_time(4, 3)
-    scaled = OnlineCorrectedCostModel(ConstantCostModel(draft_seconds=0.01), smoothing=1.0)
+    scaled = OnlineCorrectedCostModel(ConstantCostModel(draft_seconds=0.01), smoothing=1.0, pace_smoothing=None)
     scaled.observe_draft(2, 0.015, 3)
     assert scaled.draft_time(2, 3) == pytest.approx(0.015) and scaled.report()["draft_correction"] == pytest.approx(1.5)
 
@@ -615,7 +680,7 @@ def test_one_outlier_moves_a_correction_halfway_early_and_by_at_most_one_plus_sm
     """A step 40x the base (a pause of the process), as a cell's first observation, moves its median halfway to the
     bound and no further once one step agrees with the prior; in a cell past its first ⌈1/α⌉ values, one moves it by
     1 + α at most; a lasting change is still followed."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03), smoothing=0.1)
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03), smoothing=0.1, pace_smoothing=None)
     model.observe_step(1, 1, 1.2)
     assert model.step_time(1, 1) == pytest.approx(0.03 * 1.5)  # the median of the prior (the profile, 1) and the bounded 2
     model.observe_step(1, 1, 0.03)
@@ -629,7 +694,7 @@ def test_one_outlier_moves_a_correction_halfway_early_and_by_at_most_one_plus_sm
     for _ in range(80):
         model.observe_step(1, 1, 0.09)
     assert model.step_time(1, 1) == pytest.approx(0.09, rel=0.01)
-    drafting = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005), smoothing=0.1)
+    drafting = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005), smoothing=0.1, pace_smoothing=None)
     drafting.observe_draft(1, 0.2, 1)  # a pass reading a whole prompt: the prior is g, 1.1 after this pass
     assert drafting.draft_time(1, 1) == pytest.approx(0.005 * (1.1 + 2.0) / 2)
 
@@ -637,7 +702,7 @@ def test_one_outlier_moves_a_correction_halfway_early_and_by_at_most_one_plus_sm
 def test_a_cell_seen_a_few_times_answers_with_what_they_took():
     """Three observations of a cell at 1.3x the base set its correction to 1.3 (their median with the start), where
     smoothing alone would leave it at 1.08: a drafted step seen only in a warm-up is priced as it ran."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.01), smoothing=0.1)
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.01), smoothing=0.1, pace_smoothing=None)
     for _ in range(3):
         model.observe_step(16, 2, 0.13)
         model.observe_draft(16, 0.013, 1)
@@ -650,7 +715,7 @@ def test_a_cell_seen_once_moves_with_the_cell_it_would_follow_unobserved():
     """A two-token cell seen once, before the one-token cell, answers with the median of its ratio and of what it would
     answer unobserved, read afresh: once one-token steps teach a slower machine, it follows (1.2 and 1.3 give 1.25)."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.100, 0.110))))
-    model = OnlineCorrectedCostModel(base, smoothing=0.1)
+    model = OnlineCorrectedCostModel(base, smoothing=0.1, pace_smoothing=None)
     model.observe_step(16, 2, 0.110 * 1.3)
     assert model.step_correction(16, 2) == pytest.approx(1.15)  # the prior: the profile, 1
     for _ in range(30):
@@ -691,7 +756,7 @@ def test_an_unobserved_one_token_cell_is_priced_by_the_profile_not_by_dearer_wid
     wider steps cannot make drafting look cheap there, a faster machine still lowers it, and once observed the
     cell's own ratio is used."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.125, 0.139))))
-    model = OnlineCorrectedCostModel(base, smoothing=1.0)  # with smoothing 1, g and a cell's k are the last ratio
+    model = OnlineCorrectedCostModel(base, smoothing=1.0, pace_smoothing=None)  # with smoothing 1, g and a cell's k are the last ratio
     model.observe_step(16, 2, 0.139 * 1.2)
     model.observe_step(1, 1, 0.030 * 1.25)
     assert model.report()["step_correction"] == pytest.approx(1.25)
@@ -709,7 +774,7 @@ def test_a_cells_first_observation_is_taken_with_the_correction_it_answered_with
     """A one-token cell first observed at the profile's time keeps k = 1 (the median with what it answered with), not
     halfway to a g of 1.4 that wider steps set; a wider cell's first observation is taken with its narrower cell's k."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2, 4), step_seconds=((0.030, 0.032, 0.036), (0.125, 0.139, 0.170))))
-    model = OnlineCorrectedCostModel(base, smoothing=0.5)
+    model = OnlineCorrectedCostModel(base, smoothing=0.5, pace_smoothing=None)
     for _ in range(40):
         model.observe_step(16, 2, 0.139 * 1.4)
     assert model.report()["step_correction"] == pytest.approx(1.4) and model.step_correction(16, 1) == pytest.approx(1.0)
@@ -723,7 +788,7 @@ def test_an_unobserved_one_token_cell_reads_a_wider_cells_own_ratios_while_it_ha
     """A one-token cell with no observation of its own, capped by a two-token cell seen once at 0.8 of the profile,
     answers 0.8 (that cell's own ratio), not the two-token cell's median with its prior."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.100, 0.110))))
-    model = OnlineCorrectedCostModel(base, smoothing=0.1)
+    model = OnlineCorrectedCostModel(base, smoothing=0.1, pace_smoothing=None)
     model.observe_step(16, 2, 0.110 * 0.8)
     assert model.step_correction(16, 2) == pytest.approx((0.98 + 0.8) / 2)  # with its prior, the least of 1 and g = 0.98
     assert model.step_correction(16, 1) == pytest.approx(0.8)
@@ -732,7 +797,7 @@ def test_an_unobserved_one_token_cell_reads_a_wider_cells_own_ratios_while_it_ha
 def test_seconds_where_the_base_knows_none_are_learnt_as_a_median_first():
     """Drafting seconds where the base predicts 0: a shallow cell's first pass is taken with the seconds a learnt
     deeper cell answers with (their median), and one early outlier among three does not move it."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.1)
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.1, pace_smoothing=None)
     for seconds in (0.020, 0.021, 0.019):
         model.observe_draft(1, seconds, 3)
     assert model.draft_time(1, 3) == pytest.approx(0.020)
@@ -746,7 +811,7 @@ def test_seconds_where_the_base_knows_none_are_learnt_as_a_median_first():
 
 def test_a_cells_median_is_taken_over_a_bounded_number_of_values():
     """With a tiny smoothing a cell's median still holds at most 16 values, then smooths."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.001)
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.001, pace_smoothing=None)
     for _ in range(40):
         model.observe_step(1, 2, 0.15)
     cell = model._steps.cells[(1, 2)].ratio
@@ -777,6 +842,8 @@ class _OneArgumentDraftTime:
         (lambda: OnlineCorrectedCostModel(object()), TypeError, "base must be a CostModel"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel(), smoothing=0), ValueError, "smoothing"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel(), smoothing=1.5), ValueError, "smoothing"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel(), pace_smoothing=0), ValueError, "pace_smoothing must be None or a number in"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel(), pace_smoothing=True), ValueError, "pace_smoothing"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(0, 1, 0.1), ValueError, "rows"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(1, 1, -0.1), ValueError, "seconds"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(1, 1, "0.1"), TypeError, "seconds"),

@@ -2,6 +2,7 @@
 
 import pytest
 
+from dspark.cost_models import profiling
 from dspark.cost_models.profiling import StepTiming, cost_curve, measure_step_time
 from dspark.fast_path import FastPath, row_bucket
 from tests.conftest import build_model
@@ -54,18 +55,38 @@ def _forward_shapes(model, **grid) -> list[tuple[int, int]]:
 def test_cost_curve_times_the_grid_in_passes(model):
     """After a warm-up pass, each pass times every point once (rows, then tokens), so a lasting disturbance lands in one pass."""
     shapes = _forward_shapes(model, rows=(1, 2), tokens=(1, 3), contexts=(4,), repeats=2)
-    timed = [shape for index, shape in enumerate(shapes) if index % 3]  # each rows value: one untimed forward, then its points
+    # Each rows value: one untimed forward, a reference forward, its points, a reference forward.
+    timed = [shape for index, shape in enumerate(shapes) if index % 5 in (2, 3)]
     assert sorted(timed) == sorted([(1, 1), (1, 3), (2, 1), (2, 3)] * 3)
     in_order, rotated = [(1, 1), (1, 3), (2, 1), (2, 3)], [(1, 3), (1, 1), (2, 3), (2, 1)]
     assert [timed[4 * index : 4 * index + 4] for index in range(3)] == [in_order, rotated, in_order]
 
 
 def test_cost_curve_rotates_the_token_order_after_an_untimed_forward(model):
-    """Each rows value of a pass starts with an untimed forward on its fresh cache, then the token counts from the pass's offset."""
+    """Each rows value of a pass starts with an untimed forward on its fresh cache, then the token counts from the pass's
+    offset between two one-row, one-token reference forwards."""
     shapes = _forward_shapes(model, rows=(2,), tokens=(1, 2, 3), contexts=(4,), repeats=3)
-    passes = [shapes[4 * index : 4 * index + 4] for index in range(4)]
+    passes = [shapes[6 * index : 6 * index + 6] for index in range(4)]
     assert [one_pass[0] for one_pass in passes] == [(2, 1)] * 4
-    assert [[tokens for _, tokens in one_pass[1:]] for one_pass in passes] == [[1, 2, 3], [2, 3, 1], [3, 1, 2], [1, 2, 3]]
+    assert all(one_pass[1] == one_pass[5] == (1, 1) for one_pass in passes)
+    assert [[tokens for _, tokens in one_pass[2:5]] for one_pass in passes] == [[1, 2, 3], [2, 3, 1], [3, 1, 2], [1, 2, 3]]
+
+
+def test_a_spell_that_slows_one_rows_values_forwards_does_not_reach_the_table(model, monkeypatch):
+    """Forwards run twice as slow for every other rows value of a pass (a spell of another process's work, its reference
+    forwards included): the table keeps the steady machine's ratios, each point taken over the references beside it."""
+    forwards = []
+
+    def spell_timed(model_, inputs, fast_path):
+        rows, tokens = inputs["input_ids"].shape
+        spell = 2.0 if (len(forwards) // 5) % 2 else 1.0  # a group: untimed, reference, two points, reference
+        forwards.append((rows, tokens))
+        return 0.001 * rows * (1 + tokens) * spell
+
+    monkeypatch.setattr(profiling, "_time_forward", spell_timed)
+    timings = {(t.rows, t.tokens): t.seconds for t in cost_curve(model, rows=(1, 2), tokens=(1, 3), contexts=(4,), repeats=3, progress=False)}
+    steady = {(rows, tokens): 0.001 * rows * (1 + tokens) for rows in (1, 2) for tokens in (1, 3)}
+    assert {point: seconds / timings[(1, 1)] for point, seconds in timings.items()} == pytest.approx({point: seconds / steady[(1, 1)] for point, seconds in steady.items()})
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ median, because one early observation can be far off (a pass after skipped steps
 process, a drafter's pass that also reads the whole prompt) moves a correction by at most a factor
 1 + α, where unbounded it could multiply it many times over and make drafting look too dear to ever try
 again, while a lasting change is still followed, by up to 1 + α per step. The corrected
-time of a point in a cell is h = t₀(R, T)·k; a cell never observed takes the k of the widest
+time of a point in a cell is h = t₀(R, T)·k (at the usual pace, below); a cell never observed takes the k of the widest
 observed cell of its row bucket with fewer tokens: the profile's shape along tokens is kept where nothing
 says otherwise (a per-row fixed overhead makes narrow cells' k larger, and giving wider cells g would
 flatten the curve, making extra tokens look free). With no such cell, a drafting cell takes g, and a step
@@ -48,7 +48,26 @@ A larger batch must never look cheaper, or a scheduler would verify more than it
 answer is the cumulative maximum of h over all (R', T') ≤ (R, T). Within a cell the correction
 is one number and t₀ is monotone, so that maximum is attained at one corner per cell — the
 smaller of the cell's top and the query along each axis — and it takes one base evaluation
-per cell below the query. Answers are cached until the next observation.
+per cell below the query. A cell never observed enters that maximum at no more than what any observed cell
+at or above it in both buckets answers, at that cell's least point at or above the corner: a forward over no more
+rows and tokens takes no longer than one measured on this machine, while the profile's entry for a cell no step
+observes may have been timed in a burst of another process's work, and through the maximum it would price every
+larger batch, an error no step could correct (at four rows, a profile's noisy one- and two-row one-token entries
+priced every skipped step above what the four-row steps took, so skipping looked dear and drafting paid on paper).
+Answers are cached until the next observation.
+
+A shared machine's pace changes from one second to the next (another tenant's work on a cloud CPU): the same
+forward runs fast for a spell of tens of steps, then slow for the next. A cell observed rarely, such as a batch's
+one-token step in generations that draft on most steps, keeps whatever spell it was seen in, and the comparison that
+decides whether drafting pays, a wider step against the one-token step, then compares two spells. At four rows a
+one-token cell seen in slow spells priced above the two-token cell seen in fast ones, the cumulative maximum made a
+second verified token free, and drafting showed a gain it did not have. So every answer is h·π, where π, the pace
+(``_Pace``), is learnt from each observation of a settled cell (past its median): π ← π + β·(clip(s/h) − π) +
+γ·(1 − π), h the cell's answer at the usual pace, β = ``pace_smoothing`` (a few steps) and γ = ``_PACE_REVERSION``;
+and a cell learns s/π, what the step would have taken at the usual pace, not s. A spell moves π, not the cells; a
+lasting change keeps π from 1, and as γ pulls π back the change passes into the cells. π cancels from every
+comparison of steps at one moment. A cell's first observations do not move π: its error is still its own.
+``pace_smoothing=None`` keeps π at 1.
 
 dspark's loop feeds it after every step, through the optional cost-model hooks
 ``observe_step(rows, tokens, seconds)`` with the step's rows, its verify width (1 + max ℓ) and
@@ -87,6 +106,14 @@ def _buckets_up_to(count: int) -> list[int]:
         bucket *= 2
     return buckets
 
+
+def _lowest(bucket: int) -> int:
+    """The least count in ``bucket`` (``row_bucket``): the bucket itself up to 16, else one more than half of it."""
+    return bucket if bucket <= 16 else bucket // 2 + 1
+
+
+#: How far each observation pulls the pace π back towards 1 (module docstring).
+_PACE_REVERSION = 0.02
 
 #: An observation counts as at most this factor above, or below, the correction it updates.
 _OUTLIER_BOUND = 2.0
@@ -145,12 +172,33 @@ def _neighbours(observed: list[int], bucket: int) -> tuple[int | None, int | Non
     return (observed[below - 1] if below else None), (observed[above] if above < len(observed) else None)
 
 
-class _CorrectedSurface:
-    """h = base·k per cell, answered as its cumulative maximum (module docstring)."""
+class _Pace:
+    """π, the machine's pace now against the pace the cells learnt at: each observation of a cell seen before pulls
+    it by β = ``smoothing`` towards what the step took over the cell's answer without π, and every observation
+    pulls it by ``_PACE_REVERSION`` back to 1, so that a lasting change ends up in the cells (module docstring).
+    Always 1 while disabled (``smoothing`` None)."""
 
-    def __init__(self, base: Callable[[int, int], float], smoothing: float, profile_caps_unobserved: bool):
+    __slots__ = ("smoothing", "value")
+
+    def __init__(self, smoothing: float | None):
+        self.smoothing = smoothing
+        self.value = 1.0
+
+    def learn(self, ratio: float) -> None:
+        """Learn that an observation took ``ratio`` times the answer without π, bounded like any ratio."""
+        if self.smoothing is None:
+            return
+        ratio = min(max(ratio, self.value / _OUTLIER_BOUND), self.value * _OUTLIER_BOUND)
+        self.value += self.smoothing * (ratio - self.value) + _PACE_REVERSION * (1.0 - self.value)
+
+
+class _CorrectedSurface:
+    """h = base·k·π per cell, answered as its cumulative maximum (module docstring)."""
+
+    def __init__(self, base: Callable[[int, int], float], smoothing: float, profile_caps_unobserved: bool, pace_smoothing: float | None):
         self.base = base
         self.smoothing = smoothing
+        self.pace = _Pace(pace_smoothing)
         # A step surface: an unobserved cell with no narrower observed cell takes at most the profile (module docstring).
         self.profile_caps_unobserved = profile_caps_unobserved
         self.cells: dict[tuple[int, int], _Cell] = {}
@@ -177,6 +225,10 @@ class _CorrectedSurface:
         if cell is None:
             cell = self.cells[key] = _Cell()
         predicted = self._base(rows, tokens)
+        learnt = cell.ratio if predicted > 0 else cell.seconds
+        if learnt is not None and learnt.smoothed is not None:  # while a cell's median forms, its error is its own
+            self.pace.learn(seconds / self._usual(key, rows, tokens))
+        seconds /= self.pace.value  # what the step would have taken at the usual pace
         # Each prior is read before the cell is listed as observed: a narrower step cell's k reads a wider one's
         # own ratios, which a cell about to learn its first does not have yet.
         if predicted > 0:
@@ -198,6 +250,10 @@ class _CorrectedSurface:
 
     def _corrected(self, key: tuple[int, int], rows: int, tokens: int) -> float:
         """h at the point (rows, tokens) of cell ``key``."""
+        return self._usual(key, rows, tokens) * self.pace.value
+
+    def _usual(self, key: tuple[int, int], rows: int, tokens: int) -> float:
+        """h at the point (rows, tokens) of cell ``key`` at the machine's usual pace (π = 1)."""
         base = self._base(rows, tokens)
         if base > 0:
             return base * self.correction(key)
@@ -244,6 +300,14 @@ class _CorrectedSurface:
         # make each cell's k depend on the other's.
         return at_most_profile if wider is None else min(at_most_profile, self.cells[(key[0], wider)].ratio.value(None))
 
+    def _bounded(self, key: tuple[int, int], rows: int, tokens: int, value: float) -> float:
+        """``value``, h at the point (rows, tokens) of the unobserved cell ``key``, at most the h of any observed cell at
+        or above it in both buckets, at that cell's least point at or above this one (module docstring)."""
+        for above in self.cells:
+            if above[0] >= key[0] and above[1] >= key[1]:
+                value = min(value, self._corrected(above, max(rows, _lowest(above[0])), max(tokens, _lowest(above[1]))))
+        return value
+
     def __call__(self, rows: int, tokens: int) -> float:
         answer = self._answers.get((rows, tokens))
         if answer is not None:
@@ -251,11 +315,13 @@ class _CorrectedSurface:
         # One corner per cell at or below the query's: the cell's top, or the query where the cell holds it.
         row_corners = [(bucket, min(bucket, rows)) for bucket in _buckets_up_to(rows)]
         token_corners = [(bucket, min(bucket, tokens)) for bucket in _buckets_up_to(tokens)]
-        answer = max(
-            self._corrected((row_cell, token_cell), row_count, token_count)
-            for row_cell, row_count in row_corners
-            for token_cell, token_count in token_corners
-        )
+        corners = [((row_cell, token_cell), row_count, token_count) for row_cell, row_count in row_corners for token_cell, token_count in token_corners]
+        answer = max((self._corrected(*corner) for corner in corners if corner[0] in self.cells), default=0.0)
+        for key, row_count, token_count in corners:
+            if key not in self.cells:
+                value = self._corrected(key, row_count, token_count)
+                if value > answer:  # only then can its bound matter, and looking it up costs a pass over the cells
+                    answer = max(answer, self._bounded(key, row_count, token_count, value))
         if len(self._answers) >= _CACHE_LIMIT:
             self._answers.clear()
         self._answers[(rows, tokens)] = answer
@@ -265,20 +331,24 @@ class _CorrectedSurface:
 class OnlineCorrectedCostModel:
     """``base`` (any ``CostModel``) times a correction learnt from observed step and drafting times.
 
-    ``smoothing`` α in (0, 1] is the weight of each new observation in a cell's correction (module
-    docstring). ``step_time``/``draft_time`` stay non-decreasing in rows and tokens whatever is
+    ``smoothing`` α in (0, 1] is the weight of each new observation in a cell's correction;
+    ``pace_smoothing`` β in (0, 1], that in the machine's recent pace π, or None to assume a steady machine (π = 1;
+    module docstring). ``step_time``/``draft_time`` stay non-decreasing in rows and tokens whatever is
     observed, given a base that is (every cost model in dspark is). The base's answers are cached
     until its ``start`` hook (forwarded by ``start``) says they changed.
     """
 
-    def __init__(self, base: CostModel, smoothing: float = 0.1):
+    def __init__(self, base: CostModel, smoothing: float = 0.1, pace_smoothing: float | None = 0.3):
         if not isinstance(base, CostModel):
             raise TypeError(f"base must be a CostModel (step_time(rows, tokens) and draft_time(rows, depth)), got {type(base).__name__}")
         check_draft_time(base, "base")
         if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real) or not 0 < smoothing <= 1:
             raise ValueError(f"smoothing must be a number in (0, 1], got {smoothing!r}")
+        if pace_smoothing is not None and (isinstance(pace_smoothing, bool) or not isinstance(pace_smoothing, numbers.Real) or not 0 < pace_smoothing <= 1):
+            raise ValueError(f"pace_smoothing must be None or a number in (0, 1], got {pace_smoothing!r}")
         self.base = base
         self.smoothing = float(smoothing)
+        self.pace_smoothing = None if pace_smoothing is None else float(pace_smoothing)
         self._forget()
 
     def _forget(self) -> None:
@@ -292,13 +362,13 @@ class OnlineCorrectedCostModel:
         position, so greedy steps' corrections would price its wider forwards and deeper passes too low."""
         if sampled not in self._surfaces:
             self._surfaces[sampled] = (
-                _CorrectedSurface(self.base.step_time, self.smoothing, profile_caps_unobserved=True),
-                _CorrectedSurface(self.base.draft_time, self.smoothing, profile_caps_unobserved=False),
+                _CorrectedSurface(self.base.step_time, self.smoothing, profile_caps_unobserved=True, pace_smoothing=self.pace_smoothing),
+                _CorrectedSurface(self.base.draft_time, self.smoothing, profile_caps_unobserved=False, pace_smoothing=self.pace_smoothing),
             )
         self._steps, self._drafts = self._surfaces[sampled]
 
     def __repr__(self) -> str:
-        return f"OnlineCorrectedCostModel({self.base!r}, smoothing={self.smoothing})"
+        return f"OnlineCorrectedCostModel({self.base!r}, smoothing={self.smoothing}, pace_smoothing={self.pace_smoothing})"
 
     def start(self, generation: GenerationStart) -> bool:
         """Forward a generation's start to the base's optional ``start`` hook; when the base says its answers
@@ -339,7 +409,8 @@ class OnlineCorrectedCostModel:
         check_int("rows", rows, 1)
         if depth is None:
             base = float(self.base.draft_time(rows, None))
-            return base * self._drafts.overall.ratio.smoothed if base > 0 else (self._drafts.overall.seconds.value(None) or 0.0)
+            usual = base * self._drafts.overall.ratio.smoothed if base > 0 else (self._drafts.overall.seconds.value(None) or 0.0)
+            return usual * self._drafts.pace.value
         check_int("depth", depth, 1)
         return self._drafts(rows, depth)
 
@@ -354,10 +425,12 @@ class OnlineCorrectedCostModel:
 
     def report(self) -> dict:
         """What has been learnt for the kind of generation last started (greedy or sampled): the global step and
-        drafting corrections and how many cells were observed."""
+        drafting corrections (at the usual pace), the paces now, and how many cells were observed."""
         return {
             "step_correction": self._steps.overall.ratio.smoothed,
             "draft_correction": self._drafts.overall.ratio.smoothed,
+            "step_pace": self._steps.pace.value,
+            "draft_pace": self._drafts.pace.value,
             "draft_seconds": self._drafts.overall.seconds.value(None),
             "step_cells": len(self._steps.cells),
             "draft_cells": len(self._drafts.cells),

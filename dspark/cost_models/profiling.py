@@ -20,6 +20,15 @@ so it is untimed, and each pass starts the token counts at a different one (pass
 whatever a position in the order still costs lands on another point in every pass, and the median
 drops it. A first point inflated this way flattens the table's first column, which the scheduler
 reads as a cheap first draft token.
+
+A shared machine's pace also changes from one second to the next (another tenant's work on a cloud CPU), in spells
+about as long as a pass, so one rows value's points can be timed in a slow spell and another's in a fast one, and
+with three passes the median keeps the spell where two of them agree. On a two-core cloud CPU that made the table's
+one- and two-row steps dearer than its four-row steps, and through the monotone envelope it priced every four-row
+step as dear and a second verified token as free. So the points of one (context, rows) are timed between two
+forwards of one reference shape (one row, one new token, on a cache of its own): each time is taken over the mean of
+the two, which runs in the same spell, the median of those ratios over the passes is scaled by the median of every
+reference, and spells cancel.
 """
 
 from __future__ import annotations
@@ -43,13 +52,14 @@ from dspark.kv import empty_cache
 __all__ = ["REVISION", "StepTiming", "measure_step_time", "cost_curve"]
 
 #: How ``cost_curve`` times its grid, and the revision of dspark's own code paths it times; part of a profiled
-#: table's cache key, so a change in either measures the table again. 5: drafting timed at every depth 1..γ;
+#: table's cache key, so a change in either measures the table again. 6: each rows value's points timed over reference
+#: forwards beside them; 5: drafting timed at every depth 1..γ;
 #: 4: steps timed on a cache of growing layers
 #: (``dspark.kv.empty_cache``, as the loop's), the semi-AR drafter's context grows in place and its attention joins
 #: no keys; 3: a fresh
 #: cache's first forward untimed, the token order rotated per pass; 2: in passes over the whole grid; 1: every
 #: repeat of a point in a row.
-REVISION = 5
+REVISION = 6
 
 
 @attrs.frozen
@@ -156,29 +166,40 @@ def cost_curve(
 ) -> list[StepTiming]:
     """One ``StepTiming`` per point of the grid rows × tokens × contexts (contexts outermost), timed in
     passes (module docstring): a warm-up pass, then ``repeats`` passes of one forward per point, the
-    median per point. One random cache per (context, rows) serves every token count of a pass, after an
-    untimed forward on it, in an order that starts one token count later each pass."""
+    median per point of its time over the reference forwards around it, times their median. One random
+    cache per (context, rows) serves every token count of a pass, after an untimed forward on it, in an
+    order that starts one token count later each pass, between two timed one-row, one-token reference
+    forwards."""
     rows = [check_int("rows", row_count, 1) for row_count in rows]
     tokens = [check_int("tokens", token_count, 1) for token_count in tokens]
     contexts = [check_int("context", context, 0) for context in contexts]
     check_int("repeats", repeats, 1)
     device = _device(model)
     layout = _cache_layout(model, device)
-    seconds: dict[tuple[int, int, int], list[float]] = {(c, r, k): [] for c in contexts for r in rows for k in tokens}
+    # Each point's time over the reference forwards timed around its group, then scaled by their median (module docstring).
+    relative: dict[tuple[int, int, int], list[float]] = {(c, r, k): [] for c in contexts for r in rows for k in tokens}
+    references: list[float] = []
+    reference_cache = _random_cache(layout, 1, contexts[0], device, _generator(1, 0, contexts[0]))
+    reference = _step_inputs(model, 1, 1, contexts[0], reference_cache, _generator(1, 1, contexts[0]))
     label = f"step times ({'fast' if fast_path is not None else 'default'} path)"
-    with tqdm(total=len(seconds) * (repeats + 1), desc=label, unit="forward", disable=not progress) as bar:
+    with tqdm(total=len(relative) * (repeats + 1), desc=label, unit="forward", disable=not progress) as bar:
         for attempt in range(repeats + 1):  # pass 0 warms up (and lets the fast path measure new shapes)
             for context, row_count in itertools.product(contexts, rows):
                 cache = _random_cache(layout, row_count, context, device, _generator(row_count, 0, context))
                 _time_forward(model, _step_inputs(model, row_count, tokens[0], context, cache, _generator(row_count, 0, context)), fast_path)
+                before = _time_forward(model, reference, fast_path)
+                group = []
                 for token_count in _rotated(tokens, attempt):
                     inputs = _step_inputs(model, row_count, token_count, context, cache, _generator(row_count, token_count, context))
-                    elapsed = _time_forward(model, inputs, fast_path)
-                    if attempt > 0:
-                        seconds[(context, row_count, token_count)].append(elapsed)
+                    group.append((token_count, _time_forward(model, inputs, fast_path)))
                     bar.update(1)
-    path = "default" if fast_path is None else "fast"
+                pace = (before + _time_forward(model, reference, fast_path)) / 2
+                if attempt > 0:
+                    references.append(pace)
+                    for token_count, elapsed in group:
+                        relative[(context, row_count, token_count)].append(elapsed / pace)
+    path, scale = ("default" if fast_path is None else "fast"), statistics.median(references)
     return [
-        StepTiming(rows=r, tokens=k, context=c, path=path, seconds=statistics.median(times), repeats=repeats)
-        for (c, r, k), times in seconds.items()
+        StepTiming(rows=r, tokens=k, context=c, path=path, seconds=statistics.median(ratios) * scale, repeats=repeats)
+        for (c, r, k), ratios in relative.items()
     ]
