@@ -538,7 +538,7 @@ def test_online_correction_converges_to_observed_times():
     for _ in range(60):
         model.observe_step(4, 3, 0.2)
     assert model.step_time(4, 3) == pytest.approx(0.2, rel=0.01)
-    assert model.step_correction(4, 3) * model.report()["step_pace"] == pytest.approx(2.0, rel=0.01)
+    assert model.step_correction(4, 3) * model.report()["pace"] == pytest.approx(2.0, rel=0.01)
     assert model.step_time(4, 5) == pytest.approx(0.2, rel=0.01)  # a wider unobserved cell follows its narrower one
     assert model.step_time(1, 1) == 0.1  # an unobserved cell with none narrower stays at the profile until observed
     drafting = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.004), smoothing=1.0)
@@ -619,9 +619,37 @@ def test_a_cell_seen_only_in_a_slow_spell_keeps_the_price_of_a_second_token():
     paced, steady = OnlineCorrectedCostModel(base), OnlineCorrectedCostModel(base, pace_smoothing=None)
     _spells(paced)
     _spells(steady)
-    assert paced.step_time(4, 2) / paced.step_time(4, 1) > 1.08  # the profile's 1.17, less what the cell's first value kept
+    assert paced.step_time(4, 2) / paced.step_time(4, 1) > 1.1  # the profile's 1.17, less what the cells learnt before π caught up
     assert paced.step_time(4, 2) == pytest.approx(0.035, rel=0.01)
     assert steady.step_time(4, 1) == steady.step_time(4, 2) == pytest.approx(0.042)
+
+
+def test_an_observed_larger_batch_bounds_unobserved_cells_of_smaller_row_buckets():
+    """Above 16 rows a bucket spans many counts: an observed 64-row step bounds every smaller unobserved cell at its least
+    point (33 rows), so a 20-row step is priced no higher than it, where the global correction alone would price it at 1."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=1.0, pace_smoothing=None)
+    model.observe_step(64, 8, 0.2)  # a dearer wide step: g = 2
+    model.observe_step(64, 1, 0.05)  # g = 0.5 after this one, but the profile's cap of 1 ...
+    model.observe_step(64, 8, 0.2)  # ... and g = 2 again: unobserved cells take min(1, g) = 1
+    assert model.step_time(20, 1) == pytest.approx(0.05) and model.step_time(1, 1) == pytest.approx(0.05)
+    assert model.step_time(64, 1) == pytest.approx(0.05) and model.step_time(20, 8) == pytest.approx(0.1)
+
+
+def test_the_pace_prices_drafting_passes_too():
+    """π, learnt from steps, multiplies drafting times as well (per depth and for a whole block), so a slow spell moves
+    a step's price and its drafting's alike; a base that knows no step times teaches no pace and raises nothing."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005))
+    for _ in range(20):
+        model.observe_step(2, 2, 0.03)
+    before = (model.draft_time(2, 3), model.draft_time(2))
+    for _ in range(10):
+        model.observe_step(2, 2, 0.045)
+    pace = model.report()["pace"]
+    assert pace > 1.3 and (model.draft_time(2, 3), model.draft_time(2)) == pytest.approx((before[0] * pace, before[1] * pace))
+    seconds_only = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.0, draft_seconds=0.0), smoothing=1.0)
+    for _ in range(4):
+        seconds_only.observe_step(1, 1, 0.0)
+    assert seconds_only.step_time(1, 1) == 0.0 and seconds_only.report()["pace"] == 1.0
 
 
 def test_the_pace_follows_a_spell_and_a_lasting_change_passes_into_the_cells():
@@ -630,15 +658,15 @@ def test_the_pace_follows_a_spell_and_a_lasting_change_passes_into_the_cells():
     model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03))
     for _ in range(3):
         model.observe_step(2, 1, 0.06)
-    assert model.report()["step_pace"] == 1.0  # the cell's median is still forming: its error is its own
+    assert model.report()["pace"] == 1.0  # the cell's median is still forming: its error is its own
     for _ in range(30):
         model.observe_step(2, 1, 0.03)
     for _ in range(5):
         model.observe_step(2, 1, 0.045)
-    assert model.report()["step_pace"] > 1.25 and model.step_time(2, 1) == pytest.approx(0.045, rel=0.1)
-    for _ in range(1000):
+    assert model.report()["pace"] > 1.25 and model.step_time(2, 1) == pytest.approx(0.045, rel=0.1)
+    for _ in range(2000):
         model.observe_step(2, 1, 0.045)
-    assert model.report()["step_pace"] == pytest.approx(1.0, abs=0.01) and model.step_time(2, 1) == pytest.approx(0.045, rel=0.01)
+    assert model.report()["pace"] == pytest.approx(1.0, abs=0.01) and model.step_time(2, 1) == pytest.approx(0.045, rel=0.01)
     assert model.step_correction(2, 1) == pytest.approx(1.5, rel=0.01)
 
 
@@ -842,8 +870,8 @@ class _OneArgumentDraftTime:
         (lambda: OnlineCorrectedCostModel(object()), TypeError, "base must be a CostModel"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel(), smoothing=0), ValueError, "smoothing"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel(), smoothing=1.5), ValueError, "smoothing"),
-        (lambda: OnlineCorrectedCostModel(ConstantCostModel(), pace_smoothing=0), ValueError, "pace_smoothing must be None or a number in"),
-        (lambda: OnlineCorrectedCostModel(ConstantCostModel(), pace_smoothing=True), ValueError, "pace_smoothing"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel(), pace_smoothing=0), ValueError, r"pace_smoothing must be a number in \(0, 1\], got 0"),
+        (lambda: OnlineCorrectedCostModel(ConstantCostModel(), pace_smoothing=True), TypeError, "pace_smoothing"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(0, 1, 0.1), ValueError, "rows"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(1, 1, -0.1), ValueError, "seconds"),
         (lambda: OnlineCorrectedCostModel(ConstantCostModel()).observe_step(1, 1, "0.1"), TypeError, "seconds"),

@@ -57,17 +57,19 @@ priced every skipped step above what the four-row steps took, so skipping looked
 Answers are cached until the next observation.
 
 A shared machine's pace changes from one second to the next (another tenant's work on a cloud CPU): the same
-forward runs fast for a spell of tens of steps, then slow for the next. A cell observed rarely, such as a batch's
-one-token step in generations that draft on most steps, keeps whatever spell it was seen in, and the comparison that
-decides whether drafting pays, a wider step against the one-token step, then compares two spells. At four rows a
-one-token cell seen in slow spells priced above the two-token cell seen in fast ones, the cumulative maximum made a
-second verified token free, and drafting showed a gain it did not have. So every answer is h·π, where π, the pace
-(``_Pace``), is learnt from each observation of a settled cell (past its median): π ← π + β·(clip(s/h) − π) +
-γ·(1 − π), h the cell's answer at the usual pace, β = ``pace_smoothing`` (a few steps) and γ = ``_PACE_REVERSION``;
-and a cell learns s/π, what the step would have taken at the usual pace, not s. A spell moves π, not the cells; a
-lasting change keeps π from 1, and as γ pulls π back the change passes into the cells. π cancels from every
-comparison of steps at one moment. A cell's first observations do not move π: its error is still its own.
-``pace_smoothing=None`` keeps π at 1.
+forward runs fast for a while, then slow (``benchmarks/results/bench_pace.json``: consecutive four-row forwards'
+times correlate, 0.46 at lag 1). A cell observed rarely, such as a batch's one-token step in generations that draft
+on most steps, keeps whatever spell it was seen in, and the comparison that decides whether drafting pays, a wider
+step against the one-token step, then compares two spells: in traces at four rows, a one-token cell seen in slow
+spells was priced as dear as the two-token cell seen in fast ones, and drafting showed a gain it did not have. So
+every answer, of steps and of drafting passes, is h·π, where π, the machine's pace (``_Pace``, one per model), is
+learnt from the steps observed in settled cells (past their median): π ← π + β·(clip(s/h) − π) + γ·(1 − π), h the
+cell's answer at the usual pace, β = ``pace_smoothing`` (a few steps) and γ = ``_PACE_REVERSION``; and every cell
+learns s/π, what the step or pass would have taken at the usual pace. A spell moves π, not the cells; a lasting
+change keeps π from 1, and as γ pulls π back the change passes into the cells. π multiplies every answer alike,
+so it cancels from every comparison made at one moment: an outlier (a pause of the process) moves π by a factor
+1 + β at most, and what a scheduler compares not at all. A cell's first observations do not move π: their error is
+the cell's own. ``pace_smoothing=None`` keeps π at 1.
 
 dspark's loop feeds it after every step, through the optional cost-model hooks
 ``observe_step(rows, tokens, seconds)`` with the step's rows, its verify width (1 + max ℓ) and
@@ -80,6 +82,7 @@ corrected model learns the whole cost a step's choice incurs, not the bare forwa
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 import numbers
 import statistics
@@ -119,6 +122,20 @@ _PACE_REVERSION = 0.02
 _OUTLIER_BOUND = 2.0
 
 
+def _clip(value: float, around: float) -> float:
+    """``value`` bounded to [``around`` / ``_OUTLIER_BOUND``, ``around`` · ``_OUTLIER_BOUND``]."""
+    return min(max(value, around / _OUTLIER_BOUND), around * _OUTLIER_BOUND)
+
+
+def _check_smoothing(name: str, value) -> float:
+    """``value`` as a float, if it is a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in (0, 1], got {value!r}")
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
 #: The most values a cell's median is taken over (``_Learnt``): ⌈1/α⌉ where α ≥ 1/16, so memory stays bounded.
 _MEDIAN_VALUES = 16
 
@@ -146,7 +163,7 @@ class _Learnt:
         """Learn one observation, bounded to a factor ``_OUTLIER_BOUND`` of the current answer."""
         current = self.value(prior)
         if current is not None and current > 0:
-            value = min(max(value, current / _OUTLIER_BOUND), current * _OUTLIER_BOUND)
+            value = _clip(value, current)
         if self.smoothed is None and len(self.early) + (prior is not None) + 1 <= min(math.ceil(1 / smoothing), _MEDIAN_VALUES):
             self.early.append(value)
             return
@@ -173,10 +190,9 @@ def _neighbours(observed: list[int], bucket: int) -> tuple[int | None, int | Non
 
 
 class _Pace:
-    """π, the machine's pace now against the pace the cells learnt at: each observation of a cell seen before pulls
-    it by β = ``smoothing`` towards what the step took over the cell's answer without π, and every observation
-    pulls it by ``_PACE_REVERSION`` back to 1, so that a lasting change ends up in the cells (module docstring).
-    Always 1 while disabled (``smoothing`` None)."""
+    """π, the machine's pace now against the pace the cells learnt at (module docstring): each step observed in a
+    settled cell pulls it by β = ``smoothing`` towards what the step took over the cell's answer without π (clipped
+    like any ratio) and by ``_PACE_REVERSION`` back towards 1. Always 1 while disabled (``smoothing`` None)."""
 
     __slots__ = ("smoothing", "value")
 
@@ -185,20 +201,19 @@ class _Pace:
         self.value = 1.0
 
     def learn(self, ratio: float) -> None:
-        """Learn that an observation took ``ratio`` times the answer without π, bounded like any ratio."""
-        if self.smoothing is None:
-            return
-        ratio = min(max(ratio, self.value / _OUTLIER_BOUND), self.value * _OUTLIER_BOUND)
-        self.value += self.smoothing * (ratio - self.value) + _PACE_REVERSION * (1.0 - self.value)
+        """Learn that a step took ``ratio`` times its cell's answer without π."""
+        if self.smoothing is not None:
+            self.value += self.smoothing * (_clip(ratio, self.value) - self.value) + _PACE_REVERSION * (1.0 - self.value)
 
 
 class _CorrectedSurface:
-    """h = base·k·π per cell, answered as its cumulative maximum (module docstring)."""
+    """h = base·k·π per cell, answered as its cumulative maximum (module docstring). ``pace`` is shared by every
+    surface of one model; only a surface that ``learns_pace`` (the steps') teaches it."""
 
-    def __init__(self, base: Callable[[int, int], float], smoothing: float, profile_caps_unobserved: bool, pace_smoothing: float | None):
+    def __init__(self, base: Callable[[int, int], float], smoothing: float, profile_caps_unobserved: bool, pace: _Pace, learns_pace: bool):
         self.base = base
         self.smoothing = smoothing
-        self.pace = _Pace(pace_smoothing)
+        self.pace, self.learns_pace = pace, learns_pace
         # A step surface: an unobserved cell with no narrower observed cell takes at most the profile (module docstring).
         self.profile_caps_unobserved = profile_caps_unobserved
         self.cells: dict[tuple[int, int], _Cell] = {}
@@ -209,6 +224,7 @@ class _CorrectedSurface:
         # Answers, and cells' k, until the next observation: the only thing that changes them.
         self._answers: dict[tuple[int, int], float] = {}
         self._corrections: dict[tuple[int, int], float] = {}
+        self._bounds: dict[tuple[tuple[int, int], int, int], float] = {}  # _bounded's answers
         self._base_values: dict[tuple[int, int], float] = {}
 
     def _base(self, rows: int, tokens: int) -> float:
@@ -226,8 +242,10 @@ class _CorrectedSurface:
             cell = self.cells[key] = _Cell()
         predicted = self._base(rows, tokens)
         learnt = cell.ratio if predicted > 0 else cell.seconds
-        if learnt is not None and learnt.smoothed is not None:  # while a cell's median forms, its error is its own
-            self.pace.learn(seconds / self._usual(key, rows, tokens))
+        if self.learns_pace and learnt is not None and learnt.smoothed is not None:  # while a cell's median forms, its error is its own
+            usual = self._usual(key, rows, tokens)
+            if usual > 0:
+                self.pace.learn(seconds / usual)
         seconds /= self.pace.value  # what the step would have taken at the usual pace
         # Each prior is read before the cell is listed as observed: a narrower step cell's k reads a wider one's
         # own ratios, which a cell about to learn its first does not have yet.
@@ -247,10 +265,7 @@ class _CorrectedSurface:
             self.overall.seconds.learn(seconds, self.smoothing, prior=None)
         self._answers.clear()
         self._corrections.clear()
-
-    def _corrected(self, key: tuple[int, int], rows: int, tokens: int) -> float:
-        """h at the point (rows, tokens) of cell ``key``."""
-        return self._usual(key, rows, tokens) * self.pace.value
+        self._bounds.clear()
 
     def _usual(self, key: tuple[int, int], rows: int, tokens: int) -> float:
         """h at the point (rows, tokens) of cell ``key`` at the machine's usual pace (π = 1)."""
@@ -303,29 +318,31 @@ class _CorrectedSurface:
     def _bounded(self, key: tuple[int, int], rows: int, tokens: int, value: float) -> float:
         """``value``, h at the point (rows, tokens) of the unobserved cell ``key``, at most the h of any observed cell at
         or above it in both buckets, at that cell's least point at or above this one (module docstring)."""
-        for above in self.cells:
-            if above[0] >= key[0] and above[1] >= key[1]:
-                value = min(value, self._corrected(above, max(rows, _lowest(above[0])), max(tokens, _lowest(above[1]))))
-        return value
+        bound = self._bounds.get((key, rows, tokens))
+        if bound is None:
+            above = [cell for cell in self.cells if cell[0] >= key[0] and cell[1] >= key[1]]
+            bound = min((self._usual(cell, max(rows, _lowest(cell[0])), max(tokens, _lowest(cell[1]))) for cell in above), default=math.inf)
+            self._bounds[(key, rows, tokens)] = bound
+        return min(value, bound)
 
     def __call__(self, rows: int, tokens: int) -> float:
         answer = self._answers.get((rows, tokens))
         if answer is not None:
-            return answer
+            return answer * self.pace.value
         # One corner per cell at or below the query's: the cell's top, or the query where the cell holds it.
         row_corners = [(bucket, min(bucket, rows)) for bucket in _buckets_up_to(rows)]
         token_corners = [(bucket, min(bucket, tokens)) for bucket in _buckets_up_to(tokens)]
         corners = [((row_cell, token_cell), row_count, token_count) for row_cell, row_count in row_corners for token_cell, token_count in token_corners]
-        answer = max((self._corrected(*corner) for corner in corners if corner[0] in self.cells), default=0.0)
+        answer = max((self._usual(*corner) for corner in corners if corner[0] in self.cells), default=0.0)
         for key, row_count, token_count in corners:
             if key not in self.cells:
-                value = self._corrected(key, row_count, token_count)
+                value = self._usual(key, row_count, token_count)
                 if value > answer:  # only then can its bound matter, and looking it up costs a pass over the cells
                     answer = max(answer, self._bounded(key, row_count, token_count, value))
         if len(self._answers) >= _CACHE_LIMIT:
             self._answers.clear()
-        self._answers[(rows, tokens)] = answer
-        return answer
+        self._answers[(rows, tokens)] = answer  # at the usual pace: π changes with every step, even of another surface
+        return answer * self.pace.value
 
 
 class OnlineCorrectedCostModel:
@@ -338,22 +355,20 @@ class OnlineCorrectedCostModel:
     until its ``start`` hook (forwarded by ``start``) says they changed.
     """
 
-    def __init__(self, base: CostModel, smoothing: float = 0.1, pace_smoothing: float | None = 0.3):
+    def __init__(self, base: CostModel, smoothing: float = 0.1, pace_smoothing: float | None = 0.5):
         if not isinstance(base, CostModel):
             raise TypeError(f"base must be a CostModel (step_time(rows, tokens) and draft_time(rows, depth)), got {type(base).__name__}")
         check_draft_time(base, "base")
-        if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real) or not 0 < smoothing <= 1:
-            raise ValueError(f"smoothing must be a number in (0, 1], got {smoothing!r}")
-        if pace_smoothing is not None and (isinstance(pace_smoothing, bool) or not isinstance(pace_smoothing, numbers.Real) or not 0 < pace_smoothing <= 1):
-            raise ValueError(f"pace_smoothing must be None or a number in (0, 1], got {pace_smoothing!r}")
         self.base = base
-        self.smoothing = float(smoothing)
-        self.pace_smoothing = None if pace_smoothing is None else float(pace_smoothing)
+        self.smoothing = _check_smoothing("smoothing", smoothing)
+        self.pace_smoothing = None if pace_smoothing is None else _check_smoothing("pace_smoothing", pace_smoothing)
         self._forget()
 
     def _forget(self) -> None:
-        """Start learning afresh: no cell observed, the base's answers not yet read (for greedy and sampled steps)."""
+        """Start learning afresh: no cell observed, the base's answers not yet read (for greedy and sampled steps), and
+        π at 1 (it is the pace against what the cells learnt)."""
         self._surfaces: dict[bool, tuple[_CorrectedSurface, _CorrectedSurface]] = {}
+        self._pace = _Pace(self.pace_smoothing)
         self._learn_for(sampled=False)
 
     def _learn_for(self, sampled: bool) -> None:
@@ -362,8 +377,8 @@ class OnlineCorrectedCostModel:
         position, so greedy steps' corrections would price its wider forwards and deeper passes too low."""
         if sampled not in self._surfaces:
             self._surfaces[sampled] = (
-                _CorrectedSurface(self.base.step_time, self.smoothing, profile_caps_unobserved=True, pace_smoothing=self.pace_smoothing),
-                _CorrectedSurface(self.base.draft_time, self.smoothing, profile_caps_unobserved=False, pace_smoothing=self.pace_smoothing),
+                _CorrectedSurface(self.base.step_time, self.smoothing, profile_caps_unobserved=True, pace=self._pace, learns_pace=True),
+                _CorrectedSurface(self.base.draft_time, self.smoothing, profile_caps_unobserved=False, pace=self._pace, learns_pace=False),
             )
         self._steps, self._drafts = self._surfaces[sampled]
 
@@ -410,13 +425,13 @@ class OnlineCorrectedCostModel:
         if depth is None:
             base = float(self.base.draft_time(rows, None))
             usual = base * self._drafts.overall.ratio.smoothed if base > 0 else (self._drafts.overall.seconds.value(None) or 0.0)
-            return usual * self._drafts.pace.value
+            return usual * self._pace.value
         check_int("depth", depth, 1)
         return self._drafts(rows, depth)
 
     def step_correction(self, rows: int, tokens: int) -> float:
-        """The correction k applied to the cell holding (``rows``, ``tokens``): its smoothed ratio; while it has few
-        observations, their median with the k it would answer with unobserved; unobserved, that of the widest
+        """The correction k applied, with the pace π, to the cell holding (``rows``, ``tokens``): its smoothed ratio;
+        while it has few observations, their median with the k it would answer with unobserved; unobserved, that of the widest
         observed cell of its row bucket with fewer tokens, else the least of 1, the global one g and the own k of
         the narrowest with more (module docstring)."""
         check_int("rows", rows, 1)
@@ -425,12 +440,11 @@ class OnlineCorrectedCostModel:
 
     def report(self) -> dict:
         """What has been learnt for the kind of generation last started (greedy or sampled): the global step and
-        drafting corrections (at the usual pace), the paces now, and how many cells were observed."""
+        drafting corrections (at the usual pace), the pace π now, and how many cells were observed."""
         return {
             "step_correction": self._steps.overall.ratio.smoothed,
             "draft_correction": self._drafts.overall.ratio.smoothed,
-            "step_pace": self._steps.pace.value,
-            "draft_pace": self._drafts.pace.value,
+            "pace": self._pace.value,
             "draft_seconds": self._drafts.overall.seconds.value(None),
             "step_cells": len(self._steps.cells),
             "draft_cells": len(self._drafts.cells),

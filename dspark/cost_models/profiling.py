@@ -21,14 +21,15 @@ whatever a position in the order still costs lands on another point in every pas
 drops it. A first point inflated this way flattens the table's first column, which the scheduler
 reads as a cheap first draft token.
 
-A shared machine's pace also changes from one second to the next (another tenant's work on a cloud CPU), in spells
-about as long as a pass, so one rows value's points can be timed in a slow spell and another's in a fast one, and
-with three passes the median keeps the spell where two of them agree. On a two-core cloud CPU that made the table's
-one- and two-row steps dearer than its four-row steps, and through the monotone envelope it priced every four-row
-step as dear and a second verified token as free. So the points of one (context, rows) are timed between two
-forwards of one reference shape (one row, one new token, on a cache of its own): each time is taken over the mean of
-the two, which runs in the same spell, the median of those ratios over the passes is scaled by the median of every
-reference, and spells cancel.
+A shared machine's pace also changes from one second to the next (another tenant's work on a cloud CPU; see
+``benchmarks/bench_pace.py``), so one rows value's points can be timed in a slow spell and another's in a fast one,
+and with three passes the median keeps a spell wherever two of them fell in one. On a two-core cloud CPU tables came
+out with their one- and two-row steps dearer than their four-row steps, which the monotone envelope then carried up
+to every four-row step. So the points of one (context, rows) are timed between two forwards of one reference shape
+(one row, one new token, on a cache of its own): each time is taken over the mean of the two, timed in the same
+spell, the median of those ratios over the passes is scaled by the median of every reference, and a spell cancels.
+This assumes a spell slows every shape alike, as lost processor time does; a slowdown that hits large shapes more
+(memory bandwidth shared with another tenant) still reaches the table, though less.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ REVISION = 6
 
 @attrs.frozen
 class StepTiming:
-    """Median seconds of ``repeats`` target forwards of ``rows`` × ``tokens`` new tokens after ``context``."""
+    """Seconds of a target forward of ``rows`` × ``tokens`` new tokens after ``context``, from ``repeats`` timed
+    forwards: their median (``measure_step_time``), or the median of their times over reference forwards beside
+    them, scaled by the references' median (``cost_curve``)."""
 
     rows: int = attrs.field(validator=int_at_least(1))
     tokens: int = attrs.field(validator=int_at_least(1))
@@ -168,8 +171,8 @@ def cost_curve(
     passes (module docstring): a warm-up pass, then ``repeats`` passes of one forward per point, the
     median per point of its time over the reference forwards around it, times their median. One random
     cache per (context, rows) serves every token count of a pass, after an untimed forward on it, in an
-    order that starts one token count later each pass, between two timed one-row, one-token reference
-    forwards."""
+    order that starts one token count later each pass; a timed one-row, one-token reference forward comes
+    before that untimed forward and after the last point."""
     rows = [check_int("rows", row_count, 1) for row_count in rows]
     tokens = [check_int("tokens", token_count, 1) for token_count in tokens]
     contexts = [check_int("context", context, 0) for context in contexts]
@@ -185,19 +188,19 @@ def cost_curve(
     with tqdm(total=len(relative) * (repeats + 1), desc=label, unit="forward", disable=not progress) as bar:
         for attempt in range(repeats + 1):  # pass 0 warms up (and lets the fast path measure new shapes)
             for context, row_count in itertools.product(contexts, rows):
+                before = _time_forward(model, reference, fast_path)
                 cache = _random_cache(layout, row_count, context, device, _generator(row_count, 0, context))
                 _time_forward(model, _step_inputs(model, row_count, tokens[0], context, cache, _generator(row_count, 0, context)), fast_path)
-                before = _time_forward(model, reference, fast_path)
                 group = []
                 for token_count in _rotated(tokens, attempt):
                     inputs = _step_inputs(model, row_count, token_count, context, cache, _generator(row_count, token_count, context))
                     group.append((token_count, _time_forward(model, inputs, fast_path)))
                     bar.update(1)
-                pace = (before + _time_forward(model, reference, fast_path)) / 2
+                reference_seconds = (before + _time_forward(model, reference, fast_path)) / 2
                 if attempt > 0:
-                    references.append(pace)
+                    references.append(reference_seconds)
                     for token_count, elapsed in group:
-                        relative[(context, row_count, token_count)].append(elapsed / pace)
+                        relative[(context, row_count, token_count)].append(elapsed / reference_seconds)
     path, scale = ("default" if fast_path is None else "fast"), statistics.median(references)
     return [
         StepTiming(rows=r, tokens=k, context=c, path=path, seconds=statistics.median(ratios) * scale, repeats=repeats)
