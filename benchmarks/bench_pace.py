@@ -96,7 +96,8 @@ def replay(pairs: list[tuple[float, float]], rows: int, thin: int, **options) ->
 
 
 def _summary(ratios: list[float], paired: float) -> dict:
-    return {"median": statistics.median(ratios), "p10": statistics.quantiles(ratios, n=10)[0], "p90": statistics.quantiles(ratios, n=10)[-1],
+    deciles = statistics.quantiles(ratios, n=10)
+    return {"median": statistics.median(ratios), "p10": deciles[0], "p90": deciles[-1],
             "share_second_token_free": sum(ratio <= 1.02 for ratio in ratios) / len(ratios),
             "median_abs_error_vs_paired": statistics.median(abs(ratio - paired) for ratio in ratios)}
 

@@ -157,13 +157,11 @@ def profiled_cost_model(model: torch.nn.Module, drafter: Drafter, max_draft_toke
     """What a target forward and a drafting pass cost here, at each generation's shape, corrected by every
     step's measured times (``OnlineCorrectedCostModel``). The shape is measured once per machine, model
     and drafter (``AutoProfiledCostModel``: 1 to γ + 1 tokens over ``PROFILED_ROWS`` at a 256-token
-    context at once; more rows and longer contexts the first time a generation needs them; all cached). Five
-    passes: with three, a point timed high in two of them kept a price a scheduler never tests (at one row, a
-    second verified token priced far above the first kept a generation's drafts unverified, so nothing corrected it)."""
+    context at once; more rows and longer contexts the first time a generation needs them; all cached)."""
     from dspark.cost_models import AutoProfiledCostModel, OnlineCorrectedCostModel
 
     table = AutoProfiledCostModel(
-        model, drafter, tokens=tuple(range(1, max_draft_tokens + 2)), base_rows=PROFILED_ROWS, repeats=5,
+        model, drafter, tokens=tuple(range(1, max_draft_tokens + 2)), base_rows=PROFILED_ROWS,
         fast_path=fast_path, max_draft_tokens=max(max_draft_tokens, 1),
     )
     return OnlineCorrectedCostModel(table)

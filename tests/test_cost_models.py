@@ -43,6 +43,11 @@ from tests.conftest import build_model, tiny_semi_ar_drafter
 from tests.strategies import cost_grids
 
 
+def _steady(base, **options) -> OnlineCorrectedCostModel:
+    """An online correction that assumes a steady machine (π = 1): for tests of the cells' own mechanics."""
+    return OnlineCorrectedCostModel(base, pace_smoothing=None, **options)
+
+
 def test_constant_cost_model_ignores_batch_shape():
     """ConstantCostModel charges the same for any rows and tokens and implements CostModel."""
     model = ConstantCostModel(step_seconds=0.07, draft_seconds=0.01)
@@ -549,7 +554,7 @@ def test_online_correction_converges_to_observed_times():
 def test_online_correction_learns_greedy_and_sampled_generations_apart():
     """Steps of sampled generations observed at twice the base's time correct sampled generations only: a greedy
     generation starts from the base, and the sampled correction is back when a sampled generation starts again."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.5, pace_smoothing=None)
+    model = _steady(ConstantCostModel(step_seconds=0.1), smoothing=0.5)
     greedy = GenerationStart(rows=1, device=torch.device("cpu"), max_draft_tokens=3, max_length=8, sampling=SamplingConfig())
     sampled = attrs.evolve(greedy, sampling=SamplingConfig(do_sample=True, temperature=1.0))
     model.start(sampled)
@@ -567,7 +572,7 @@ def test_online_correction_learns_greedy_and_sampled_generations_apart():
 def test_online_correction_is_per_cell_and_stays_monotone():
     """A cell observed faster than the rest keeps its own correction, and no larger batch drops below it."""
     base = ProfiledCostModel(_table(_linear_in_batch))
-    model = OnlineCorrectedCostModel(base, smoothing=0.5, pace_smoothing=None)
+    model = _steady(base, smoothing=0.5)
     for _ in range(30):
         model.observe_step(1, 1, 0.5 * base.step_time(1, 1))
         model.observe_step(4, 4, 3.0 * base.step_time(4, 4))
@@ -582,7 +587,7 @@ def test_an_unobserved_smaller_cell_never_prices_an_observed_larger_one_above_wh
     four-row step's price through the cumulative maximum: unobserved cells answer at most what observed cells above
     them took, while without observations the profile's envelope stands."""
     base = ProfiledCostModel(CostTable(rows=(1, 2, 4), tokens=(1, 2), step_seconds=((0.041, 0.043), (0.031, 0.047), (0.030, 0.037))))
-    model = OnlineCorrectedCostModel(base, smoothing=0.1, pace_smoothing=None)
+    model = _steady(base, smoothing=0.1)
     assert model.step_time(4, 1) == pytest.approx(0.041)  # the envelope of the profile
     for _ in range(40):  # drafted steps took what the profile said; one-token steps less than its envelope
         model.observe_step(4, 2, 0.047)
@@ -592,7 +597,7 @@ def test_an_unobserved_smaller_cell_never_prices_an_observed_larger_one_above_wh
     assert model.step_time(4, 2) >= model.step_time(4, 1)  # unobserved above: still monotone
     table = CostTable(rows=(1, 4), tokens=(1, 2), step_seconds=((0.03, 0.03), (0.03, 0.03)),
                       draft_rows=(1, 4), draft_depths=(1, 2), draft_seconds=((0.012, 0.013), (0.006, 0.007)))
-    drafting = OnlineCorrectedCostModel(ProfiledCostModel(table), smoothing=0.1, pace_smoothing=None)
+    drafting = _steady(ProfiledCostModel(table), smoothing=0.1)
     assert drafting.draft_time(4, 1) == pytest.approx(0.012)
     for _ in range(20):
         drafting.observe_draft(4, 0.006, 1)
@@ -616,7 +621,7 @@ def test_a_cell_seen_only_in_a_slow_spell_keeps_the_price_of_a_second_token():
     """A one-token cell seen only while the machine ran 1.4x slower is learnt at the usual pace, so a second token
     keeps costing what the profile says; without the pace the one-token step is priced as dear as two tokens."""
     base = ProfiledCostModel(CostTable(rows=(4,), tokens=(1, 2), step_seconds=((0.030, 0.035),)))
-    paced, steady = OnlineCorrectedCostModel(base), OnlineCorrectedCostModel(base, pace_smoothing=None)
+    paced, steady = OnlineCorrectedCostModel(base), _steady(base)
     _spells(paced)
     _spells(steady)
     assert paced.step_time(4, 2) / paced.step_time(4, 1) > 1.1  # the profile's 1.17, less what the cells learnt before π caught up
@@ -625,19 +630,21 @@ def test_a_cell_seen_only_in_a_slow_spell_keeps_the_price_of_a_second_token():
 
 
 def test_an_observed_larger_batch_bounds_unobserved_cells_of_smaller_row_buckets():
-    """Above 16 rows a bucket spans many counts: an observed 64-row step bounds every smaller unobserved cell at its least
-    point (33 rows), so a 20-row step is priced no higher than it, where the global correction alone would price it at 1."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=1.0, pace_smoothing=None)
-    model.observe_step(64, 8, 0.2)  # a dearer wide step: g = 2
-    model.observe_step(64, 1, 0.05)  # g = 0.5 after this one, but the profile's cap of 1 ...
-    model.observe_step(64, 8, 0.2)  # ... and g = 2 again: unobserved cells take min(1, g) = 1
-    assert model.step_time(20, 1) == pytest.approx(0.05) and model.step_time(1, 1) == pytest.approx(0.05)
-    assert model.step_time(64, 1) == pytest.approx(0.05) and model.step_time(20, 8) == pytest.approx(0.1)
-
+    """Above 16 rows a bucket spans many counts: an observed 64-row step bounds a smaller unobserved cell at its least
+    point (33 rows), so a 20-row step is priced at most what the 64-row step's correction gives 33 rows, not 64."""
+    base = ProfiledCostModel(CostTable(rows=(1, 64), tokens=(1, 8), step_seconds=((0.01, 0.02), (0.064, 0.128))))
+    model = _steady(base, smoothing=1.0)
+    model.observe_step(64, 8, 0.256)  # a dearer wide step: g = 2
+    model.observe_step(64, 1, 0.032)  # half the profile: k(64, 1) = 0.5, g = 0.5 ...
+    model.observe_step(64, 8, 0.256)  # ... and 2 again: unobserved cells take the least of 1 and g, 1
+    assert model.step_time(20, 1) == pytest.approx(0.5 * base.step_time(33, 1))  # not the profile's base.step_time(20, 1)
+    assert base.step_time(20, 1) > 0.5 * base.step_time(33, 1) > 0.5 * base.step_time(1, 1)
+    assert model.step_time(64, 1) == pytest.approx(0.032) and model.step_time(20, 8) == pytest.approx(base.step_time(20, 8))
 
 def test_the_pace_prices_drafting_passes_too():
     """π, learnt from steps, multiplies drafting times as well (per depth and for a whole block), so a slow spell moves
-    a step's price and its drafting's alike; a base that knows no step times teaches no pace and raises nothing."""
+    a step's price and its drafting's alike; steps that took no time, where the base knows no step times, leave π
+    at 1 and divide by nothing."""
     model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005))
     for _ in range(20):
         model.observe_step(2, 2, 0.03)
@@ -692,14 +699,14 @@ def test_online_correction_stays_monotone_for_any_observations(grid, observation
 
 def test_online_draft_correction_learns_seconds_where_the_base_knows_none():
     """With a base drafting time of 0 the observed seconds themselves are smoothed, and more rows never cost less."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.2, pace_smoothing=None)
+    model = _steady(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.2)
     assert model.draft_time(4, 3) == 0.0
     for _ in range(40):
         model.observe_draft(4, 0.03, 3)
         model.observe_draft(1, 0.01, 3)
     assert model.draft_time(4, 3) == pytest.approx(0.03, rel=1e-3) and model.draft_time(1, 3) == pytest.approx(0.01, rel=1e-3)
     assert model.draft_time(8, 3) >= model.draft_time(4, 3)
-    scaled = OnlineCorrectedCostModel(ConstantCostModel(draft_seconds=0.01), smoothing=1.0, pace_smoothing=None)
+    scaled = _steady(ConstantCostModel(draft_seconds=0.01), smoothing=1.0)
     scaled.observe_draft(2, 0.015, 3)
     assert scaled.draft_time(2, 3) == pytest.approx(0.015) and scaled.report()["draft_correction"] == pytest.approx(1.5)
 
@@ -708,7 +715,7 @@ def test_one_outlier_moves_a_correction_halfway_early_and_by_at_most_one_plus_sm
     """A step 40x the base (a pause of the process), as a cell's first observation, moves its median halfway to the
     bound and no further once one step agrees with the prior; in a cell past its first ⌈1/α⌉ values, one moves it by
     1 + α at most; a lasting change is still followed."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03), smoothing=0.1, pace_smoothing=None)
+    model = _steady(ConstantCostModel(step_seconds=0.03), smoothing=0.1)
     model.observe_step(1, 1, 1.2)
     assert model.step_time(1, 1) == pytest.approx(0.03 * 1.5)  # the median of the prior (the profile, 1) and the bounded 2
     model.observe_step(1, 1, 0.03)
@@ -722,7 +729,7 @@ def test_one_outlier_moves_a_correction_halfway_early_and_by_at_most_one_plus_sm
     for _ in range(80):
         model.observe_step(1, 1, 0.09)
     assert model.step_time(1, 1) == pytest.approx(0.09, rel=0.01)
-    drafting = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005), smoothing=0.1, pace_smoothing=None)
+    drafting = _steady(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005), smoothing=0.1)
     drafting.observe_draft(1, 0.2, 1)  # a pass reading a whole prompt: the prior is g, 1.1 after this pass
     assert drafting.draft_time(1, 1) == pytest.approx(0.005 * (1.1 + 2.0) / 2)
 
@@ -730,7 +737,7 @@ def test_one_outlier_moves_a_correction_halfway_early_and_by_at_most_one_plus_sm
 def test_a_cell_seen_a_few_times_answers_with_what_they_took():
     """Three observations of a cell at 1.3x the base set its correction to 1.3 (their median with the start), where
     smoothing alone would leave it at 1.08: a drafted step seen only in a warm-up is priced as it ran."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.01), smoothing=0.1, pace_smoothing=None)
+    model = _steady(ConstantCostModel(step_seconds=0.1, draft_seconds=0.01), smoothing=0.1)
     for _ in range(3):
         model.observe_step(16, 2, 0.13)
         model.observe_draft(16, 0.013, 1)
@@ -743,7 +750,7 @@ def test_a_cell_seen_once_moves_with_the_cell_it_would_follow_unobserved():
     """A two-token cell seen once, before the one-token cell, answers with the median of its ratio and of what it would
     answer unobserved, read afresh: once one-token steps teach a slower machine, it follows (1.2 and 1.3 give 1.25)."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.100, 0.110))))
-    model = OnlineCorrectedCostModel(base, smoothing=0.1, pace_smoothing=None)
+    model = _steady(base, smoothing=0.1)
     model.observe_step(16, 2, 0.110 * 1.3)
     assert model.step_correction(16, 2) == pytest.approx(1.15)  # the prior: the profile, 1
     for _ in range(30):
@@ -784,7 +791,7 @@ def test_an_unobserved_one_token_cell_is_priced_by_the_profile_not_by_dearer_wid
     wider steps cannot make drafting look cheap there, a faster machine still lowers it, and once observed the
     cell's own ratio is used."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.125, 0.139))))
-    model = OnlineCorrectedCostModel(base, smoothing=1.0, pace_smoothing=None)  # with smoothing 1, g and a cell's k are the last ratio
+    model = _steady(base, smoothing=1.0)  # with smoothing 1, g and a cell's k are the last ratio
     model.observe_step(16, 2, 0.139 * 1.2)
     model.observe_step(1, 1, 0.030 * 1.25)
     assert model.report()["step_correction"] == pytest.approx(1.25)
@@ -802,7 +809,7 @@ def test_a_cells_first_observation_is_taken_with_the_correction_it_answered_with
     """A one-token cell first observed at the profile's time keeps k = 1 (the median with what it answered with), not
     halfway to a g of 1.4 that wider steps set; a wider cell's first observation is taken with its narrower cell's k."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2, 4), step_seconds=((0.030, 0.032, 0.036), (0.125, 0.139, 0.170))))
-    model = OnlineCorrectedCostModel(base, smoothing=0.5, pace_smoothing=None)
+    model = _steady(base, smoothing=0.5)
     for _ in range(40):
         model.observe_step(16, 2, 0.139 * 1.4)
     assert model.report()["step_correction"] == pytest.approx(1.4) and model.step_correction(16, 1) == pytest.approx(1.0)
@@ -816,7 +823,7 @@ def test_an_unobserved_one_token_cell_reads_a_wider_cells_own_ratios_while_it_ha
     """A one-token cell with no observation of its own, capped by a two-token cell seen once at 0.8 of the profile,
     answers 0.8 (that cell's own ratio), not the two-token cell's median with its prior."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.100, 0.110))))
-    model = OnlineCorrectedCostModel(base, smoothing=0.1, pace_smoothing=None)
+    model = _steady(base, smoothing=0.1)
     model.observe_step(16, 2, 0.110 * 0.8)
     assert model.step_correction(16, 2) == pytest.approx((0.98 + 0.8) / 2)  # with its prior, the least of 1 and g = 0.98
     assert model.step_correction(16, 1) == pytest.approx(0.8)
@@ -825,7 +832,7 @@ def test_an_unobserved_one_token_cell_reads_a_wider_cells_own_ratios_while_it_ha
 def test_seconds_where_the_base_knows_none_are_learnt_as_a_median_first():
     """Drafting seconds where the base predicts 0: a shallow cell's first pass is taken with the seconds a learnt
     deeper cell answers with (their median), and one early outlier among three does not move it."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.1, pace_smoothing=None)
+    model = _steady(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.1)
     for seconds in (0.020, 0.021, 0.019):
         model.observe_draft(1, seconds, 3)
     assert model.draft_time(1, 3) == pytest.approx(0.020)
@@ -839,7 +846,7 @@ def test_seconds_where_the_base_knows_none_are_learnt_as_a_median_first():
 
 def test_a_cells_median_is_taken_over_a_bounded_number_of_values():
     """With a tiny smoothing a cell's median still holds at most 16 values, then smooths."""
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.001, pace_smoothing=None)
+    model = _steady(ConstantCostModel(step_seconds=0.1), smoothing=0.001)
     for _ in range(40):
         model.observe_step(1, 2, 0.15)
     cell = model._steps.cells[(1, 2)].ratio

@@ -8,6 +8,10 @@ from dspark.fast_path import FastPath, row_bucket
 from tests.conftest import build_model
 
 
+#: The forwards cost_curve runs per rows value and pass beyond its points: a reference, an untimed one, a reference.
+_AROUND_POINTS = 3
+
+
 @pytest.fixture(scope="module")
 def model():
     return build_model("llama")
@@ -56,7 +60,8 @@ def test_cost_curve_times_the_grid_in_passes(model):
     """After a warm-up pass, each pass times every point once (rows, then tokens), so a lasting disturbance lands in one pass."""
     shapes = _forward_shapes(model, rows=(1, 2), tokens=(1, 3), contexts=(4,), repeats=2)
     # Each rows value: a reference forward, one untimed forward, its points, a reference forward.
-    timed = [shape for index, shape in enumerate(shapes) if index % 5 in (2, 3)]
+    group = _AROUND_POINTS + 2
+    timed = [shape for index, shape in enumerate(shapes) if index % group in (2, 3)]
     assert sorted(timed) == sorted([(1, 1), (1, 3), (2, 1), (2, 3)] * 3)
     in_order, rotated = [(1, 1), (1, 3), (2, 1), (2, 3)], [(1, 3), (1, 1), (2, 3), (2, 1)]
     assert [timed[4 * index : 4 * index + 4] for index in range(3)] == [in_order, rotated, in_order]
@@ -66,7 +71,8 @@ def test_cost_curve_rotates_the_token_order_after_an_untimed_forward(model):
     """Each rows value of a pass starts with a one-row, one-token reference forward and an untimed forward on its fresh
     cache, then the token counts from the pass's offset, then another reference forward."""
     shapes = _forward_shapes(model, rows=(2,), tokens=(1, 2, 3), contexts=(4,), repeats=3)
-    passes = [shapes[6 * index : 6 * index + 6] for index in range(4)]
+    group = _AROUND_POINTS + 3
+    passes = [shapes[group * index : group * (index + 1)] for index in range(4)]
     assert [one_pass[1] for one_pass in passes] == [(2, 1)] * 4
     assert all(one_pass[0] == one_pass[5] == (1, 1) for one_pass in passes)
     assert [[tokens for _, tokens in one_pass[2:5]] for one_pass in passes] == [[1, 2, 3], [2, 3, 1], [3, 1, 2], [1, 2, 3]]
@@ -79,7 +85,7 @@ def test_a_spell_that_slows_one_rows_values_forwards_does_not_reach_the_table(mo
 
     def spell_timed(model_, inputs, fast_path):
         rows, tokens = inputs["input_ids"].shape
-        spell = 2.0 if (len(forwards) // 5) % 2 else 1.0  # a group: reference, untimed, two points, reference
+        spell = 2.0 if (len(forwards) // (_AROUND_POINTS + 2)) % 2 else 1.0  # one rows value's forwards, its two points included
         forwards.append((rows, tokens))
         return 0.001 * rows * (1 + tokens) * spell
 

@@ -58,7 +58,7 @@ Answers are cached until the next observation.
 
 A shared machine's pace changes from one second to the next (another tenant's work on a cloud CPU): the same
 forward runs fast for a while, then slow (``benchmarks/results/bench_pace.json``: consecutive four-row forwards'
-times correlate, 0.46 at lag 1). A cell observed rarely, such as a batch's one-token step in generations that draft
+times correlate, 0.51 at lag 1). A cell observed rarely, such as a batch's one-token step in generations that draft
 on most steps, keeps whatever spell it was seen in, and the comparison that decides whether drafting pays, a wider
 step against the one-token step, then compares two spells: in traces at four rows, a one-token cell seen in slow
 spells was priced as dear as the two-token cell seen in fast ones, and drafting showed a gain it did not have. So
@@ -250,14 +250,14 @@ class _CorrectedSurface:
         # Each prior is read before the cell is listed as observed: a narrower step cell's k reads a wider one's
         # own ratios, which a cell about to learn its first does not have yet.
         if predicted > 0:
-            prior = self._unobserved_correction(key)
+            prior = self._unobserved_correction(key) if cell.ratio is None or cell.ratio.smoothed is None else None  # a settled cell reads none
             if cell.ratio is None:
                 cell.ratio = _Learnt()
                 bisect.insort(self._ratio_tokens.setdefault(key[0], []), key[1])
             cell.ratio.learn(seconds / predicted, self.smoothing, prior=prior)
             self.overall.ratio.learn(seconds / predicted, self.smoothing, prior=None)
         else:
-            prior = self._unobserved_seconds(key)
+            prior = self._unobserved_seconds(key) if cell.seconds is None or cell.seconds.smoothed is None else None
             if cell.seconds is None:
                 cell.seconds = _Learnt()
                 bisect.insort(self._seconds_tokens.setdefault(key[0], []), key[1])
@@ -273,6 +273,8 @@ class _CorrectedSurface:
         if base > 0:
             return base * self.correction(key)
         cell = self.cells.get(key)
+        if cell is not None and cell.seconds is not None and cell.seconds.smoothed is not None:
+            return cell.seconds.smoothed
         seconds = self._unobserved_seconds(key) if cell is None or cell.seconds is None else cell.seconds.value(self._unobserved_seconds(key))
         return 0.0 if seconds is None else seconds
 
@@ -315,15 +317,15 @@ class _CorrectedSurface:
         # make each cell's k depend on the other's.
         return at_most_profile if wider is None else min(at_most_profile, self.cells[(key[0], wider)].ratio.value(None))
 
-    def _bounded(self, key: tuple[int, int], rows: int, tokens: int, value: float) -> float:
-        """``value``, h at the point (rows, tokens) of the unobserved cell ``key``, at most the h of any observed cell at
-        or above it in both buckets, at that cell's least point at or above this one (module docstring)."""
+    def _bound(self, key: tuple[int, int], rows: int, tokens: int) -> float:
+        """What the unobserved cell ``key`` may answer at the point (rows, tokens) at most: the least h of the observed
+        cells at or above it in both buckets, each at its least point at or above this one (module docstring)."""
         bound = self._bounds.get((key, rows, tokens))
         if bound is None:
             above = [cell for cell in self.cells if cell[0] >= key[0] and cell[1] >= key[1]]
             bound = min((self._usual(cell, max(rows, _lowest(cell[0])), max(tokens, _lowest(cell[1]))) for cell in above), default=math.inf)
             self._bounds[(key, rows, tokens)] = bound
-        return min(value, bound)
+        return bound
 
     def __call__(self, rows: int, tokens: int) -> float:
         answer = self._answers.get((rows, tokens))
@@ -332,13 +334,16 @@ class _CorrectedSurface:
         # One corner per cell at or below the query's: the cell's top, or the query where the cell holds it.
         row_corners = [(bucket, min(bucket, rows)) for bucket in _buckets_up_to(rows)]
         token_corners = [(bucket, min(bucket, tokens)) for bucket in _buckets_up_to(tokens)]
-        corners = [((row_cell, token_cell), row_count, token_count) for row_cell, row_count in row_corners for token_cell, token_count in token_corners]
-        answer = max((self._usual(*corner) for corner in corners if corner[0] in self.cells), default=0.0)
-        for key, row_count, token_count in corners:
-            if key not in self.cells:
-                value = self._usual(key, row_count, token_count)
-                if value > answer:  # only then can its bound matter, and looking it up costs a pass over the cells
-                    answer = max(answer, self._bounded(key, row_count, token_count, value))
+        observed, unobserved = [], []
+        for row_cell, row_count in row_corners:
+            for token_cell, token_count in token_corners:
+                key = (row_cell, token_cell)
+                (observed if key in self.cells else unobserved).append((key, row_count, token_count))
+        answer = max((self._usual(*corner) for corner in observed), default=0.0)
+        for corner in unobserved:
+            value = self._usual(*corner)
+            if value > answer:  # only then can its bound matter, and looking it up costs a pass over the cells
+                answer = max(answer, min(value, self._bound(*corner)))
         if len(self._answers) >= _CACHE_LIMIT:
             self._answers.clear()
         self._answers[(rows, tokens)] = answer  # at the usual pace: π changes with every step, even of another surface
@@ -430,7 +435,7 @@ class OnlineCorrectedCostModel:
         return self._drafts(rows, depth)
 
     def step_correction(self, rows: int, tokens: int) -> float:
-        """The correction k applied, with the pace π, to the cell holding (``rows``, ``tokens``): its smoothed ratio;
+        """The correction k applied to the cell holding (``rows``, ``tokens``), the pace π left out: its smoothed ratio;
         while it has few observations, their median with the k it would answer with unobserved; unobserved, that of the widest
         observed cell of its row bucket with fewer tokens, else the least of 1, the global one g and the own k of
         the narrowest with more (module docstring)."""
