@@ -8,7 +8,7 @@ import numbers
 import warnings
 from collections.abc import Mapping
 
-__all__ = ["check_format", "check_int", "check_seconds", "deprecated_alias", "int_at_least", "unit_interval"]
+__all__ = ["check_format", "check_fraction", "check_int", "check_seconds", "deprecated_alias", "int_at_least", "unit_interval"]
 
 
 def deprecated_alias(new_name: str, old_name: str, removed_in: str = "0.3") -> property:
@@ -42,6 +42,15 @@ def check_seconds(name: str, value) -> float:
         raise TypeError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def check_fraction(name: str, value) -> float:
+    """``value`` as a float if it is a real number in (0, 1] (a smoothing weight, a share)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in (0, 1], got {value!r}")
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
     return float(value)
 
 

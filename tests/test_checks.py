@@ -1,8 +1,8 @@
-"""The shared integer check in dspark/checks.py."""
+"""The shared checks in dspark/checks.py."""
 
 import pytest
 
-from dspark.checks import check_format, check_int, deprecated_alias
+from dspark.checks import check_format, check_fraction, check_int, deprecated_alias
 
 
 @pytest.mark.parametrize("value, error", [(2.0, TypeError), (True, TypeError), ("3", TypeError), (-1, ValueError)])
@@ -18,6 +18,15 @@ def test_check_int_returns_valid_values_and_optional_none():
     assert check_int("count", None, 1, optional=True) is None
     with pytest.raises(TypeError, match="or None"):
         check_int("count", 1.5, 1, optional=True)
+
+
+@pytest.mark.parametrize("value, error", [(0, ValueError), (1.5, ValueError), (float("nan"), ValueError), (True, TypeError), ("0.5", TypeError)])
+def test_check_fraction_refuses_values_outside_zero_to_one_and_non_numbers(value, error):
+    """A number outside (0, 1] raises ValueError and a non-number TypeError, naming the argument and the value; 1 and
+    a small share come back as floats."""
+    with pytest.raises(error, match=rf"share must be a number in \(0, 1\], got {value!r}"):
+        check_fraction("share", value)
+    assert check_fraction("share", 1) == 1.0 and isinstance(check_fraction("share", 1), float) and check_fraction("share", 0.01) == 0.01
 
 
 def test_deprecated_alias_reads_the_new_name_and_warns():

@@ -37,6 +37,21 @@ def _ranked_first(formulation: str):
     return seconds
 
 
+def _one_row_timed(monkeypatch, *results: OneRowChoice) -> None:
+    """Make the one-row measurement return ``results`` in turn (the last one from then on) without timing forwards."""
+    pending = list(results)
+    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress: pending.pop(0) if len(pending) > 1 else pending[0])
+
+
+def _one_row_never_timed(monkeypatch, why: str) -> None:
+    """Make any one-row measurement fail the test with ``why``: nothing should be timed."""
+
+    def fail(self, model, weights, progress):
+        raise AssertionError(why)
+
+    monkeypatch.setattr(FastPath, "_time_one_row", fail)
+
+
 def _formulations_used(monkeypatch) -> list:
     """A list that gathers the name of every formulation ``_apply`` runs from now on (measurements made earlier are not in it)."""
     used = []
@@ -157,7 +172,7 @@ def test_a_models_one_row_products_read_its_copies_where_its_forwards_ran_faster
     weight's copy (and stays exact), else the weight; a module measured on no forwards (a layer) keeps the weight."""
     monkeypatch.setattr(fast_path, "_seconds", _ranked_first(formulation))
     timed = OneRowChoice(seconds_without=2.0, seconds_with=1.0 if faster else 2.0)
-    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress: timed)
+    _one_row_timed(monkeypatch, timed)
     model = build_model("llama")
     path = FastPath.for_model(model, cache_dir=tmp_path)
     assert path.measure_one_row(model) == timed
@@ -183,11 +198,7 @@ def test_the_one_row_choice_is_measured_on_real_forwards_once_and_cached(tmp_pat
     assert choice is not None and choice.seconds_without > 0 and choice.seconds_with > 0
     stored = json.loads(next(tmp_path.glob("linear_choices_*.json")).read_text())["one_row"]
     assert list(stored.values()) == [{"seconds_without": choice.seconds_without, "seconds_with": choice.seconds_with}]
-
-    def no_timing(self, model, weights, progress):
-        raise AssertionError("timed although the one-row choice was cached")
-
-    monkeypatch.setattr(FastPath, "_time_one_row", no_timing)
+    _one_row_never_timed(monkeypatch, "timed although the one-row choice was cached")
     second = FastPath.for_model(model, cache_dir=tmp_path)
     assert second.measure_one_row(model) == choice
     assert "one-row products read the" in second.describe()
@@ -196,11 +207,7 @@ def test_the_one_row_choice_is_measured_on_real_forwards_once_and_cached(tmp_pat
 
 def test_a_model_with_no_copies_is_not_timed_at_one_row(tmp_path, monkeypatch):
     """With no copy budget no weight holds a copy: measure_one_row returns None and times nothing."""
-
-    def no_timing(self, model, weights, progress):
-        raise AssertionError("timed a model that holds no copies")
-
-    monkeypatch.setattr(FastPath, "_time_one_row", no_timing)
+    _one_row_never_timed(monkeypatch, "timed a model that holds no copies")
     model = build_model("llama")
     assert FastPath.for_model(model, cache_dir=tmp_path, copy_budget=0).measure_one_row(model) is None
 
@@ -209,8 +216,7 @@ def test_a_new_set_of_copies_is_measured_again_and_its_choice_replaces_the_one_r
     """A weight reserved after the measurement makes another copied set: measure_one_row times it again, and its
     result (here the weights) replaces the one-row plans made under the first (the copies)."""
     monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
-    results = iter([OneRowChoice(seconds_without=2.0, seconds_with=1.0), OneRowChoice(seconds_without=1.0, seconds_with=1.0)])
-    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress: next(results))
+    _one_row_timed(monkeypatch, OneRowChoice(seconds_without=2.0, seconds_with=1.0), OneRowChoice(seconds_without=1.0, seconds_with=1.0))
     model = build_model("llama")
     path = FastPath.for_model(model, cache_dir=tmp_path, copy_budget=0)
     assert path.measure_one_row(model) is None  # nothing copied: nothing to measure
@@ -239,7 +245,7 @@ def test_a_copy_that_failed_the_one_row_check_is_not_read_at_one_row(tmp_path, m
                                       ranking=ranking, seconds=tuple(1.0 + index for index in range(len(ranking))))
 
     monkeypatch.setattr(FastPath, "_measure", measure)
-    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress: OneRowChoice(seconds_without=2.0, seconds_with=1.0))
+    _one_row_timed(monkeypatch, OneRowChoice(seconds_without=2.0, seconds_with=1.0))
     model = build_model("llama")
     path = FastPath.for_model(model, cache_dir=tmp_path)
     weight = model.model.layers[0].self_attn.q_proj.weight
@@ -764,7 +770,7 @@ def test_greedy_equals_hf_generate_with_each_formulation_forced(formulation, one
     copies or on the weights, greedy output is still model.generate's."""
     monkeypatch.setattr(fast_path, "_seconds", _ranked_first(formulation))
     timed = OneRowChoice(seconds_without=2.0, seconds_with=1.0 if one_row_copies else 2.0)
-    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress: timed)
+    _one_row_timed(monkeypatch, timed)
     target = build_model("llama")
     path = FastPath.for_model(target, cache_dir=tmp_path)
     _greedy_matches(target, path)

@@ -84,11 +84,10 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-import numbers
 import statistics
 from collections.abc import Callable
 
-from dspark.checks import check_int, check_seconds
+from dspark.checks import check_fraction, check_int, check_seconds
 from dspark.fast_path import row_bucket
 from dspark.protocols import COST_MODEL_HOOKS, CostModel, check_draft_time, hook
 from dspark.types import GenerationStart
@@ -127,15 +126,6 @@ def _clip(value: float, around: float) -> float:
     return min(max(value, around / _OUTLIER_BOUND), around * _OUTLIER_BOUND)
 
 
-def _check_smoothing(name: str, value) -> float:
-    """``value`` as a float, if it is a number in (0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number in (0, 1], got {value!r}")
-    if not 0 < value <= 1:
-        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
-    return float(value)
-
-
 #: The most values a cell's median is taken over (``_Learnt``): ⌈1/α⌉ where α ≥ 1/16, so memory stays bounded.
 _MEDIAN_VALUES = 16
 
@@ -170,6 +160,11 @@ class _Learnt:
         if self.smoothed is None:  # an observation or a prior came before, so current is a number
             self.smoothed, self.early = current, []
         self.smoothed += smoothing * (value - self.smoothed)
+
+
+def _settled(learnt: _Learnt | None) -> bool:
+    """Whether ``learnt`` was observed and is past its median (smoothing): it reads no prior any more."""
+    return learnt is not None and learnt.smoothed is not None
 
 
 class _Cell:
@@ -224,7 +219,7 @@ class _CorrectedSurface:
         # Answers, and cells' k, until the next observation: the only thing that changes them.
         self._answers: dict[tuple[int, int], float] = {}
         self._corrections: dict[tuple[int, int], float] = {}
-        self._bounds: dict[tuple[tuple[int, int], int, int], float] = {}  # _bounded's answers
+        self._bounds: dict[tuple[tuple[int, int], int, int], float] = {}  # _bound's answers
         self._base_values: dict[tuple[int, int], float] = {}
 
     def _base(self, rows: int, tokens: int) -> float:
@@ -242,7 +237,7 @@ class _CorrectedSurface:
             cell = self.cells[key] = _Cell()
         predicted = self._base(rows, tokens)
         learnt = cell.ratio if predicted > 0 else cell.seconds
-        if self.learns_pace and learnt is not None and learnt.smoothed is not None:  # while a cell's median forms, its error is its own
+        if self.learns_pace and _settled(learnt):  # while a cell's median forms, its error is its own
             usual = self._usual(key, rows, tokens)
             if usual > 0:
                 self.pace.learn(seconds / usual)
@@ -250,14 +245,14 @@ class _CorrectedSurface:
         # Each prior is read before the cell is listed as observed: a narrower step cell's k reads a wider one's
         # own ratios, which a cell about to learn its first does not have yet.
         if predicted > 0:
-            prior = self._unobserved_correction(key) if cell.ratio is None or cell.ratio.smoothed is None else None  # a settled cell reads none
+            prior = None if _settled(cell.ratio) else self._unobserved_correction(key)
             if cell.ratio is None:
                 cell.ratio = _Learnt()
                 bisect.insort(self._ratio_tokens.setdefault(key[0], []), key[1])
             cell.ratio.learn(seconds / predicted, self.smoothing, prior=prior)
             self.overall.ratio.learn(seconds / predicted, self.smoothing, prior=None)
         else:
-            prior = self._unobserved_seconds(key) if cell.seconds is None or cell.seconds.smoothed is None else None
+            prior = None if _settled(cell.seconds) else self._unobserved_seconds(key)
             if cell.seconds is None:
                 cell.seconds = _Learnt()
                 bisect.insort(self._seconds_tokens.setdefault(key[0], []), key[1])
@@ -273,7 +268,7 @@ class _CorrectedSurface:
         if base > 0:
             return base * self.correction(key)
         cell = self.cells.get(key)
-        if cell is not None and cell.seconds is not None and cell.seconds.smoothed is not None:
+        if cell is not None and _settled(cell.seconds):
             return cell.seconds.smoothed
         seconds = self._unobserved_seconds(key) if cell is None or cell.seconds is None else cell.seconds.value(self._unobserved_seconds(key))
         return 0.0 if seconds is None else seconds
@@ -365,8 +360,8 @@ class OnlineCorrectedCostModel:
             raise TypeError(f"base must be a CostModel (step_time(rows, tokens) and draft_time(rows, depth)), got {type(base).__name__}")
         check_draft_time(base, "base")
         self.base = base
-        self.smoothing = _check_smoothing("smoothing", smoothing)
-        self.pace_smoothing = None if pace_smoothing is None else _check_smoothing("pace_smoothing", pace_smoothing)
+        self.smoothing = check_fraction("smoothing", smoothing)
+        self.pace_smoothing = None if pace_smoothing is None else check_fraction("pace_smoothing", pace_smoothing)
         self._forget()
 
     def _forget(self) -> None:
