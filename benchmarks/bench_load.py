@@ -21,7 +21,8 @@ logistic model of its signals), greedy and/or at temperature 1:
   ``--policies`` run) at that c;
 * the same ratios for decoding alone (``decode_*``: the steps' own times from the step records, so
   the prompt's processing, which dominates short runs at large c, is left out); with ``--repeats N``
-  every time is the median of N timed rounds; a round times every policy on each batch in turn, so
+  every time is the median of N timed rounds, and each round's tokens/s and ratio to plain decoding in that
+  round are kept (``round_*``, ``*_vs_plain_rounds``: their spread is the machine's noise); a round times every policy on each batch in turn, so
   that drift in the machine's speed hits every policy alike, in an order drawn anew (seeded) at every
   batch, so that no policy always runs after the same one (what ran before changes what the caches
   and the allocator hold);
@@ -141,9 +142,9 @@ def _timed(model, batch, sampling, max_new_tokens) -> tuple[float, float, object
     return wall, sum(record.draft_seconds + record.verify_seconds for record in result.stats.records), result
 
 
-def _entry(target, batches: list, walls: list[float], decodes: list[float], results: list) -> tuple[dict, list]:
-    """A policy's medians over its timed rounds (each the sum over the batches), with τ and the verify length
-    over its last round's batches, and its tokens."""
+def _entry(target, batches: list, walls: list[float], decodes: list[float], round_tokens: list[int], results: list) -> tuple[dict, list]:
+    """A policy's medians over its timed rounds (each the sum over the batches), each round's tokens/s (wall and
+    decoding alone), τ and the verify length over its last round's batches, and its tokens."""
     seconds, decode_seconds = statistics.median(walls), statistics.median(decodes)
     rows = batches[0]["input_ids"].shape[0]
     records = [record for result in results for record in result.stats.records]
@@ -164,6 +165,8 @@ def _entry(target, batches: list, walls: list[float], decodes: list[float], resu
         "decode_seconds": decode_seconds,
         "repeats": len(walls),
         "batches": len(batches),
+        "round_tokens_per_s": [count / wall for count, wall in zip(round_tokens, walls)],
+        "round_decode_tokens_per_s": [count / decode for count, decode in zip(round_tokens, decodes)],
     }
     return entry, tokens
 
@@ -195,7 +198,8 @@ def _run_setting(target, policies: dict, batches: list, sampling, max_new_tokens
     entries, tokens = {}, {}
     for name, timed_rounds in rounds.items():
         walls, decodes, results = zip(*timed_rounds)
-        entries[name], tokens[name] = _entry(target, batches, list(walls), list(decodes), results[-1])
+        round_tokens = [sum(result.stats.new_tokens for result in round_results) for round_results in results]
+        entries[name], tokens[name] = _entry(target, batches, list(walls), list(decodes), round_tokens, results[-1])
         bar.update(1)
     return entries, tokens
 
@@ -328,6 +332,11 @@ def main(argv: list[str] | None = None) -> dict:
                         entry["vs_best_static"] = entry["aggregate_tokens_per_s"] / best_static
                         entry["decode_vs_plain"] = entry["decode_tokens_per_s"] / plain_decode
                         entry["decode_vs_best_static"] = entry["decode_tokens_per_s"] / best_static_decode
+                        # Paired within a round (every policy ran each batch in turn), so the rounds' spread shows the noise.
+                        entry["vs_plain_rounds"] = [mine / theirs for mine, theirs in zip(entry["round_tokens_per_s"], entries["plain"]["round_tokens_per_s"])]
+                        entry["decode_vs_plain_rounds"] = [
+                            mine / theirs for mine, theirs in zip(entry["round_decode_tokens_per_s"], entries["plain"]["round_decode_tokens_per_s"])
+                        ]
                     report["results"].setdefault(drafter_name, {}).setdefault(mode, {})[str(c)] = entries
                     tqdm.write(f"{drafter_name} {mode} c={c}: " + ", ".join(f"{name} {e['vs_plain']:.2f}x, decoding {e['decode_vs_plain']:.2f}x (l {e['mean_verify_length']:.2f})" for name, e in entries.items()))
                     write_json(args.output, {**report, "complete": False})  # a long run that is cut keeps what it measured
