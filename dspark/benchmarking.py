@@ -18,7 +18,13 @@ from tqdm.auto import tqdm
 
 import dspark
 
-__all__ = ["across_categories", "first_difference", "generated_tokens", "run_strategy", "sweep", "write_json"]
+__all__ = ["across_categories", "first_difference", "generated_tokens", "load_table", "run_strategy", "sweep", "write_json"]
+
+#: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names.
+POLICY_TITLES = {
+    "mtp1": "MTP-1", "fixed_gamma": "fixed γ", "threshold": "threshold", "vllm_rule": "vLLM rule", "dspark": "DSpark",
+    "dspark_candidates": "DSpark (candidates)", "dspark_static": "DSpark (static)",
+}
 
 
 def across_categories(prompts: list) -> list:
@@ -89,3 +95,39 @@ def sweep(model, settings: list[tuple[str, object]], prompts, max_new_tokens) ->
         results[name]["vs_autoregressive"] = results[name]["tokens_per_s"] / results[settings[0][0]]["tokens_per_s"]
         tqdm.write(f"{name:28s} {results[name]['tokens_per_s']:6.2f} tok/s  x{results[name]['vs_autoregressive']:.2f}  tau {results[name]['tau']:.2f}")
     return results
+
+
+def load_table(report: dict, drafter: str, prefix: str = "") -> str:
+    """One drafter's part of a ``benchmarks/bench_load.py`` report as an RST table, a row per concurrency c: each
+    policy's speed over plain decoding, then DSpark's over the best static policy and over the vLLM rule, its ratio
+    to plain decoding in each timed round (where the report keeps rounds: their spread is the machine's noise), τ
+    and its mean verify length ℓ. A cell holds one figure per mode, ``greedy / temperature 1``. ``prefix``
+    ``"decode_"`` gives the ratios of decoding alone."""
+    if prefix not in ("", "decode_"):
+        raise ValueError(f"prefix must be '' or 'decode_', got {prefix!r}")
+    by_mode = report["results"].get(drafter)
+    if not by_mode:
+        raise ValueError(f"drafter {drafter!r} is not in the report; it has {sorted(report['results'])}")
+    modes = list(by_mode)
+    concurrencies = list(by_mode[modes[0]])
+    policies = [name for name in by_mode[modes[0]][concurrencies[0]] if name != "plain"]
+
+    def cell(c: str, read) -> str:
+        return " / ".join(read(by_mode[mode][c]) for mode in modes)
+
+    columns = {title: (lambda entries, name=name: f"{entries[name][prefix + 'vs_plain']:.2f}") for name, title in POLICY_TITLES.items() if name in policies}
+    if "dspark" in policies:
+        columns["DSpark/best"] = lambda entries: f"{entries['dspark'][prefix + 'vs_best_static']:.2f}"
+        if "vllm_rule" in policies:
+            columns["DSpark/vLLM"] = lambda entries: f"{entries['dspark'][prefix + 'vs_plain'] / entries['vllm_rule'][prefix + 'vs_plain']:.2f}"
+        if prefix + "vs_plain_rounds" in by_mode[modes[0]][concurrencies[0]]["dspark"]:
+            columns["DSpark by round"] = lambda entries: ", ".join(f"{ratio:.2f}" for ratio in entries["dspark"][prefix + "vs_plain_rounds"])
+        columns["DSpark τ"] = lambda entries: f"{entries['dspark']['tau']:.2f}"
+        columns["DSpark ℓ"] = lambda entries: f"{entries['dspark']['mean_verify_length']:.2f}"
+    header = ["c", *columns]
+    body = [[c, *(cell(c, read) for read in columns.values())] for c in concurrencies]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    rule = "  ".join("=" * width for width in widths)
+    lines = [rule, "  ".join(text.ljust(width) for text, width in zip(header, widths)).rstrip(), rule]
+    lines += ["  ".join(text.ljust(width) for text, width in zip(row, widths)).rstrip() for row in body]
+    return "\n".join([*lines, rule]) + "\n"

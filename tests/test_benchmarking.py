@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark.benchmarking import across_categories, first_difference, generated_tokens, run_strategy, write_json
+from dspark.benchmarking import across_categories, first_difference, generated_tokens, load_table, run_strategy, write_json
 from dspark.drafters import PromptLookupDrafter
 from dspark.strategies import autoregressive
 from tests.conftest import left_padded_batch
@@ -52,6 +52,42 @@ def test_run_strategy_reports_speed_and_tau(llama):
     input_ids, attention_mask = left_padded_batch([6])
     report = run_strategy(llama, autoregressive(PromptLookupDrafter()), [{"input_ids": input_ids, "attention_mask": attention_mask}], 8)
     assert report["tokens_per_s"] > 0 and report["tau"] == pytest.approx(1.0) and report["verify_share"] == 0
+
+
+def _load_entry(vs_plain: float, rounds: list[float], tau: float = 1.0, verify: float = 0.0) -> dict:
+    return {
+        "vs_plain": vs_plain, "vs_best_static": vs_plain / 1.1, "decode_vs_plain": vs_plain + 0.5, "decode_vs_best_static": 0.5,
+        "vs_plain_rounds": rounds, "decode_vs_plain_rounds": [1.5], "tau": tau, "mean_verify_length": verify,
+    }
+
+
+def _load_report() -> dict:
+    """A bench_load report of one drafter at c = 1 and 4, greedy and temperature 1, where MTP-1 reads 1.1."""
+    def setting(dspark_ratio):
+        return {
+            "plain": _load_entry(1.0, [1.0, 1.0]), "mtp1": _load_entry(1.1, [1.1, 1.1]),
+            "vllm_rule": _load_entry(0.8, [0.8, 0.8]), "dspark": _load_entry(dspark_ratio, [dspark_ratio - 0.02, dspark_ratio + 0.02], 1.3, 1.25),
+        }
+    return {"results": {"shipped": {mode: {"1": setting(1.04), "4": setting(0.96)} for mode in ("greedy", "temperature_1")}}}
+
+
+def test_load_table_shows_each_policy_and_dsparks_ratios_by_mode():
+    """load_table gives a row per c with every policy over plain, DSpark over the best static and the vLLM rule, its rounds, τ and ℓ."""
+    lines = load_table(_load_report(), "shipped").splitlines()
+    assert lines[1].split("  ")[0] == "c" and "MTP-1" in lines[1] and "DSpark by round" in lines[1] and "plain" not in lines[1]
+    cells = [cell.strip() for cell in lines[3].split("  ") if cell.strip()]
+    assert cells == ["1", "1.10 / 1.10", "0.80 / 0.80", "1.04 / 1.04", "0.95 / 0.95", "1.30 / 1.30", "1.02, 1.06 / 1.02, 1.06", "1.30 / 1.30", "1.25 / 1.25"]
+    assert lines[4].startswith("4 ") and "0.96 / 0.96" in lines[4]
+    assert lines[0] == lines[2] == lines[-1] and set(lines[0]) == {"=", " "}
+
+
+def test_load_table_reads_decoding_alone_and_refuses_what_it_cannot_show():
+    """load_table's decode_ prefix reads the decoding-alone ratios; an unknown drafter or prefix is a ValueError naming it."""
+    assert "1.54 / 1.54" in load_table(_load_report(), "shipped", "decode_")
+    with pytest.raises(ValueError, match="'prompt_lookup'"):
+        load_table(_load_report(), "prompt_lookup")
+    with pytest.raises(ValueError, match="'wall_'"):
+        load_table(_load_report(), "shipped", "wall_")
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[script.name for script in SCRIPTS])

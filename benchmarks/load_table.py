@@ -1,0 +1,30 @@
+"""Print a ``benchmarks/bench_load.py`` report as the RST tables the docs show: for each drafter, a row per
+concurrency c with every policy's speed over plain decoding (``greedy / temperature 1``), DSpark's over the best
+static policy and over the vLLM rule, its ratio in each timed round, τ and ℓ (``dspark.benchmarking.load_table``).
+
+    python benchmarks/load_table.py benchmarks/results/bench_load_grid.json
+    python benchmarks/load_table.py benchmarks/results/bench_load_grid.json --decode
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dspark.benchmarking import load_table
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("report", type=Path, help="a bench_load.py JSON report")
+    parser.add_argument("--decode", action="store_true", help="ratios of decoding alone (the steps' own times), not wall time")
+    args = parser.parse_args(argv)
+    report = json.loads(args.report.read_text())
+    for drafter in report["results"]:
+        print(f"{drafter}, {' / '.join(report['results'][drafter])}, {'decoding alone' if args.decode else 'wall time'}:\n")
+        print(load_table(report, drafter, "decode_" if args.decode else ""))
+
+
+if __name__ == "__main__":
+    main()
