@@ -63,10 +63,14 @@ on most steps, keeps whatever spell it was seen in, and the comparison that deci
 step against the one-token step, then compares two spells: in traces at four rows, a one-token cell seen in slow
 spells was priced as dear as the two-token cell seen in fast ones, and drafting showed a gain it did not have. So
 every answer, of steps and of drafting passes, is h·π, where π, the machine's pace (``_Pace``, one per model), is
-learnt from the steps observed in settled cells (past their median): π ← π + β·(clip(s/h) − π) + γ·(1 − π), h the
-cell's answer at the usual pace, β = ``pace_smoothing`` (a few steps) and γ = ``_PACE_REVERSION``; and every cell
-learns s/π, what the step or pass would have taken at the usual pace. A spell moves π, not the cells; a lasting
-change keeps π from 1, and as γ pulls π back the change passes into the cells. π multiplies every answer alike,
+learnt from the steps observed in settled cells (past their median): π ← π + β·(clip(s/h) − π), h the cell's
+answer at the usual pace, β = ``pace_smoothing`` (a few steps); and every cell learns s/π, what the step or pass
+would have taken at the usual pace. A spell moves π, not the cells, and so does a lasting change: the cells keep
+the machine's shape, π its level. A lasting change that passed into the cells would reach each at the rate it is
+observed, and a cell seen rarely would keep the old level: in a trace at one row, minutes of a slow machine where
+generations drafted often, then minutes of a fast one, taught the one-token cell, seen on every step, the fast
+level and left the two-token cell at the slow one, so a second token was priced 1.4× the first where the steps
+took about 1.1×, and the fallback stopped drafting where MTP-1 gained. π multiplies every answer alike,
 so it cancels from every comparison made at one moment: an outlier (a pause of the process) moves π by a factor
 1 + β at most, and what a scheduler compares not at all. A cell's first observations do not move π: their error is
 the cell's own. ``pace_smoothing=None`` keeps π at 1.
@@ -113,9 +117,6 @@ def _lowest(bucket: int) -> int:
     """The least count in ``bucket`` (``row_bucket``): the bucket itself up to 16, else one more than half of it."""
     return bucket if bucket <= 16 else bucket // 2 + 1
 
-
-#: How far each observation pulls the pace π back towards 1 (module docstring).
-_PACE_REVERSION = 0.02
 
 #: An observation counts as at most this factor above, or below, the correction it updates.
 _OUTLIER_BOUND = 2.0
@@ -187,7 +188,7 @@ def _neighbours(observed: list[int], bucket: int) -> tuple[int | None, int | Non
 class _Pace:
     """π, the machine's pace now against the pace the cells learnt at (module docstring): each step observed in a
     settled cell pulls it by β = ``smoothing`` towards what the step took over the cell's answer without π (clipped
-    like any ratio) and by ``_PACE_REVERSION`` back towards 1. Always 1 while disabled (``smoothing`` None)."""
+    like any ratio). Always 1 while disabled (``smoothing`` None)."""
 
     __slots__ = ("smoothing", "value")
 
@@ -198,7 +199,7 @@ class _Pace:
     def learn(self, ratio: float) -> None:
         """Learn that a step took ``ratio`` times its cell's answer without π."""
         if self.smoothing is not None:
-            self.value += self.smoothing * (_clip(ratio, self.value) - self.value) + _PACE_REVERSION * (1.0 - self.value)
+            self.value += self.smoothing * (_clip(ratio, self.value) - self.value)
 
 
 class _CorrectedSurface:
