@@ -733,15 +733,15 @@ def test_online_draft_correction_learns_seconds_where_the_base_knows_none():
     assert scaled.draft_time(2, 3) == pytest.approx(0.015) and scaled.report()["draft_correction"] == pytest.approx(1.5)
 
 
-def test_one_outlier_moves_a_correction_halfway_early_and_by_at_most_one_plus_smoothing_later():
-    """A step 40x the base (a pause of the process), as a cell's first observation, moves its median halfway to the
-    bound and no further once one step agrees with the prior; in a cell past its first ⌈1/α⌉ values, one moves it by
-    1 + α at most; a lasting change is still followed."""
+def test_one_outlier_leaves_a_correction_early_and_moves_it_by_at_most_one_plus_smoothing_later():
+    """A step 40x the base (a pause of the process), as a cell's first observation, leaves its median at the prior, as
+    it does once one step agrees with the prior; in a cell past its first ⌈1/α⌉ values, one moves it by 1 + α at
+    most; a lasting change is still followed."""
     model = _steady(ConstantCostModel(step_seconds=0.03), smoothing=0.1)
     model.observe_step(1, 1, 1.2)
-    assert model.step_time(1, 1) == pytest.approx(0.03 * 1.5)  # the median of the prior (the profile, 1) and the bounded 2
+    assert model.step_time(1, 1) == pytest.approx(0.03)  # the median of the prior (the profile, 1) twice and the bounded 2
     model.observe_step(1, 1, 0.03)
-    assert model.step_time(1, 1) == pytest.approx(0.03)  # the median of 1, 2 and 1
+    assert model.step_time(1, 1) == pytest.approx(0.03)  # the median of 1, 1, 2 and 1
     for _ in range(10):
         model.observe_step(1, 1, 0.03)
     model.observe_step(1, 1, 1.2)
@@ -753,7 +753,7 @@ def test_one_outlier_moves_a_correction_halfway_early_and_by_at_most_one_plus_sm
     assert model.step_time(1, 1) == pytest.approx(0.09, rel=0.01)
     drafting = _steady(ConstantCostModel(step_seconds=0.03, draft_seconds=0.005), smoothing=0.1)
     drafting.observe_draft(1, 0.2, 1)  # a pass reading a whole prompt: the prior is g, 1.1 after this pass
-    assert drafting.draft_time(1, 1) == pytest.approx(0.005 * (1.1 + 2.0) / 2)
+    assert drafting.draft_time(1, 1) == pytest.approx(0.005 * 1.1)  # the median of 1.1, 1.1 and the bounded 2
 
 
 def test_a_cell_seen_a_few_times_answers_with_what_they_took():
@@ -770,15 +770,18 @@ def test_a_cell_seen_a_few_times_answers_with_what_they_took():
 
 def test_a_cell_seen_once_moves_with_the_cell_it_would_follow_unobserved():
     """A two-token cell seen once, before the one-token cell, answers with the median of its ratio and of what it would
-    answer unobserved, read afresh: once one-token steps teach a slower machine, it follows (1.2 and 1.3 give 1.25)."""
+    answer unobserved (counted twice), read afresh: once one-token steps teach a slower machine, it follows (1.2, where
+    its own 1.3 alone does not move it)."""
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.100, 0.110))))
     model = _steady(base, smoothing=0.1)
     model.observe_step(16, 2, 0.110 * 1.3)
-    assert model.step_correction(16, 2) == pytest.approx(1.15)  # the prior: the profile, 1
+    assert model.step_correction(16, 2) == pytest.approx(1.0)  # the prior: the profile, 1
     for _ in range(30):
         model.observe_step(16, 1, 0.100 * 1.2)
     assert model.step_correction(16, 1) == pytest.approx(1.2)
-    assert model.step_correction(16, 2) == pytest.approx(1.25)
+    assert model.step_correction(16, 2) == pytest.approx(1.2)
+    model.observe_step(16, 2, 0.110 * 1.3)
+    assert model.step_correction(16, 2) == pytest.approx(1.25)  # two ratios that agree move it halfway
 
 
 def test_online_draft_correction_is_learnt_per_depth():
@@ -838,7 +841,9 @@ def test_a_cells_first_observation_is_taken_with_the_correction_it_answered_with
     model.observe_step(16, 1, 0.125)
     assert model.step_correction(16, 1) == pytest.approx(1.0)
     model.observe_step(16, 4, 0.170 * 1.6)
-    assert model.step_correction(16, 4) == pytest.approx(1.5)  # from k(16, 2) = 1.4, halfway to 1.6
+    assert model.step_correction(16, 4) == pytest.approx(1.4)  # k(16, 2) = 1.4: one ratio alone does not move it
+    model.observe_step(16, 4, 0.170 * 1.6)
+    assert model.step_correction(16, 4) == pytest.approx(1.5)  # two: halfway to 1.6
 
 
 def test_an_unobserved_one_token_cell_reads_a_wider_cells_own_ratios_while_it_has_few():
@@ -847,23 +852,25 @@ def test_an_unobserved_one_token_cell_reads_a_wider_cells_own_ratios_while_it_ha
     base = ProfiledCostModel(CostTable(rows=(1, 16), tokens=(1, 2), step_seconds=((0.030, 0.032), (0.100, 0.110))))
     model = _steady(base, smoothing=0.1)
     model.observe_step(16, 2, 0.110 * 0.8)
-    assert model.step_correction(16, 2) == pytest.approx((0.98 + 0.8) / 2)  # with its prior, the least of 1 and g = 0.98
+    assert model.step_correction(16, 2) == pytest.approx(0.98)  # with its prior, the least of 1 and g = 0.98, counted twice
     assert model.step_correction(16, 1) == pytest.approx(0.8)
 
 
 def test_seconds_where_the_base_knows_none_are_learnt_as_a_median_first():
-    """Drafting seconds where the base predicts 0: a shallow cell's first pass is taken with the seconds a learnt
-    deeper cell answers with (their median), and one early outlier among three does not move it."""
+    """Drafting seconds where the base predicts 0: a shallow cell's first passes are taken with the seconds a learnt
+    deeper cell answers with, counted twice (their median), and one early outlier among four does not move it."""
     model = _steady(ConstantCostModel(step_seconds=0.1, draft_seconds=0.0), smoothing=0.1)
     for seconds in (0.020, 0.021, 0.019):
         model.observe_draft(1, seconds, 3)
     assert model.draft_time(1, 3) == pytest.approx(0.020)
     assert model.draft_time(1, 1) == pytest.approx(0.020)  # unobserved: the narrowest deeper cell's seconds
     model.observe_draft(1, 0.010, 1)
-    assert model.draft_time(1, 1) == pytest.approx(0.015)  # the median of that prior and the pass
-    model.observe_draft(1, 0.030, 1)  # an outlier, bounded to twice the current 0.015
+    assert model.draft_time(1, 1) == pytest.approx(0.020)  # the median of that prior twice and the pass
     model.observe_draft(1, 0.010, 1)
-    assert model.draft_time(1, 1) == pytest.approx(0.015)  # the median of 0.020, 0.010, 0.030 and 0.010
+    assert model.draft_time(1, 1) == pytest.approx(0.015)  # two passes that agree: halfway
+    model.observe_draft(1, 0.030, 1)  # an outlier, within twice the current 0.015
+    model.observe_draft(1, 0.010, 1)
+    assert model.draft_time(1, 1) == pytest.approx(0.015)  # the median of 0.020 twice, 0.010, 0.010, 0.030 and 0.010
 
 
 def test_a_cells_median_is_taken_over_a_bounded_number_of_values():

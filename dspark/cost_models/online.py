@@ -10,7 +10,7 @@ next power of two (``dspark.fast_path.row_bucket``), so the cells, and the memor
 whatever the batch. Each observation of a step that took s seconds where the base predicted
 p = t₀(R, T) > 0 gives its cell the ratio clip(s/p). While a cell's ratios, with one more value, number at
 most ⌈1/α⌉ (α = ``smoothing``; 16 values at most, for memory), its correction k is their median with that
-value: the k it would answer with unobserved (below), read afresh at every answer. From then on each ratio
+value counted twice: the k it would answer with unobserved (below), read afresh at every answer. From then on each ratio
 smooths k,
 k ← k + α·(clip(s/p) − k), starting from the median's last answer. The global correction g starts at 1
 and is smoothed from the first ratio on. Why a median first: smoothing alone keeps a cell seen a few
@@ -18,9 +18,13 @@ times near where it started (3 observations move it 27% of the way at α = 0.1),
 profile, measured on another day: at 16 rows on a CPU the drafted cells, seen only in a 4-token
 warm-up, kept prices well below what their steps took while plain generations taught the one-token cell
 the machine's pace, so a generation's first choice saw a gain in drafting that was not there. Why the
-unobserved k as one value, read afresh: a lone first ratio then moves k only halfway, and a cell seen
-once moves with the cell it follows (the one-token cell, above, as it learns the machine's pace). A
-median, because one early observation can be far off (a pass after skipped steps reads their columns).
+unobserved k, read afresh: a cell seen a few times moves with the cell it follows (the one-token cell, above,
+as it learns the machine's pace). Why counted twice: a lone first ratio then leaves k where it was, two that
+agree move it halfway and three all the way, so one early observation far off (a pass after skipped steps
+reads their columns; a step in a slow moment) does not price a cell alone. A cell priced too high is one a
+scheduler avoids, so it is seen again only rarely: with prompt lookup at one row, one slow first step of the
+four-token cell, taken halfway, priced verifying a third token 13–14% above two (in a trace), the scheduler
+verified fewer of the tokens lookup proposed, and the cell came back only after about a round.
 ``clip`` bounds a ratio to [k/2, 2k] of the current k: once smoothing, one outlier (a pause of the
 process, a drafter's pass that also reads the whole prompt) moves a correction by at most a factor
 1 + α, where unbounded it could multiply it many times over and make drafting look too dear to ever try
@@ -134,7 +138,7 @@ _MEDIAN_VALUES = 16
 class _Learnt:
     """One learnt quantity: a cell's ratio observed/predicted, or its seconds, or the global ones. While an
     observation, its predecessors and the prior (if any) number at most ⌈1/α⌉ (and ``_MEDIAN_VALUES``), it joins
-    ``early`` and the answer is the median of ``early`` and of the prior passed in when asked (module docstring);
+    ``early`` and the answer is the median of ``early`` and of the prior passed in when asked, counted twice (module docstring);
     from then on, exponential smoothing from the median's last answer."""
 
     __slots__ = ("early", "smoothed")
@@ -147,7 +151,7 @@ class _Learnt:
         """What it answers with, given ``prior`` (None: no prior; None back where nothing was observed either)."""
         if self.smoothed is not None:
             return self.smoothed
-        values = self.early if prior is None else [prior, *self.early]
+        values = self.early if prior is None else [prior, prior, *self.early]
         return statistics.median(values) if values else None
 
     def learn(self, value: float, smoothing: float, prior: float | None) -> None:
