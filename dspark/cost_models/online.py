@@ -8,10 +8,10 @@ T new tokens, and of k drafted tokens (the drafting surface has depth k where th
 what follows says T for both); a cell is a pair (bucket(R), bucket(T)) with ``bucket(n)`` = n up to 16, else the
 next power of two (``dspark.fast_path.row_bucket``), so the cells, and the memory, stay bounded
 whatever the batch. Each observation of a step that took s seconds where the base predicted
-p = t₀(R, T) > 0 gives its cell the ratio clip(s/p). While a cell's ratios, with one more value, number at
-most ⌈1/α⌉ (α = ``smoothing``; 16 values at most, for memory), its correction k is their median with that
-value counted twice: the k it would answer with unobserved (below), read afresh at every answer. From then on each ratio
-smooths k,
+p = t₀(R, T) > 0 gives its cell the ratio clip(s/p). While a cell's ratios, with one more value counted twice,
+number at most ⌈1/α⌉ (α = ``smoothing``; 16 values at most, for memory), its correction k is their median with that
+value counted twice: the k it would answer with unobserved (below), read afresh at every answer. From then on each
+ratio smooths k (where α > 1/3, from the first: no median forms),
 k ← k + α·(clip(s/p) − k), starting from the median's last answer. The global correction g starts at 1
 and is smoothed from the first ratio on. Why a median first: smoothing alone keeps a cell seen a few
 times near where it started (3 observations move it 27% of the way at α = 0.1), and one start is the
@@ -134,12 +134,15 @@ def _clip(value: float, around: float) -> float:
 #: The most values a cell's median is taken over (``_Learnt``): ⌈1/α⌉ where α ≥ 1/16, so memory stays bounded.
 _MEDIAN_VALUES = 16
 
+#: How many values a cell's prior counts as in its median (module docstring).
+_PRIOR_COUNT = 2
+
 
 class _Learnt:
     """One learnt quantity: a cell's ratio observed/predicted, or its seconds, or the global ones. While an
-    observation, its predecessors and the prior (if any) number at most ⌈1/α⌉ (and ``_MEDIAN_VALUES``), it joins
-    ``early`` and the answer is the median of ``early`` and of the prior passed in when asked, counted twice (module docstring);
-    from then on, exponential smoothing from the median's last answer."""
+    observation, its predecessors and the prior (if any, counted ``_PRIOR_COUNT`` times) number at most ⌈1/α⌉ (and
+    ``_MEDIAN_VALUES``), it joins ``early`` and the answer is the median of ``early`` and of the prior passed in when
+    asked, counted as many times (module docstring); from then on, exponential smoothing from the median's last answer."""
 
     __slots__ = ("early", "smoothed")
 
@@ -151,7 +154,7 @@ class _Learnt:
         """What it answers with, given ``prior`` (None: no prior; None back where nothing was observed either)."""
         if self.smoothed is not None:
             return self.smoothed
-        values = self.early if prior is None else [prior, prior, *self.early]
+        values = self.early if prior is None else [prior] * _PRIOR_COUNT + self.early
         return statistics.median(values) if values else None
 
     def learn(self, value: float, smoothing: float, prior: float | None) -> None:
@@ -159,7 +162,8 @@ class _Learnt:
         current = self.value(prior)
         if current is not None and current > 0:
             value = _clip(value, current)
-        if self.smoothed is None and len(self.early) + (prior is not None) + 1 <= min(math.ceil(1 / smoothing), _MEDIAN_VALUES):
+        prior_values = 0 if prior is None else _PRIOR_COUNT
+        if self.smoothed is None and len(self.early) + prior_values + 1 <= min(math.ceil(1 / smoothing), _MEDIAN_VALUES):
             self.early.append(value)
             return
         if self.smoothed is None:  # an observation or a prior came before, so current is a number
@@ -354,7 +358,7 @@ class OnlineCorrectedCostModel:
     """``base`` (any ``CostModel``) times a correction learnt from observed step and drafting times.
 
     ``smoothing`` α in (0, 1] is the weight of each new observation in a cell's correction;
-    ``pace_smoothing`` β in (0, 1], that in the machine's recent pace π, or None to assume a steady machine (π = 1;
+    ``pace_smoothing`` β in (0, 1], that in the machine's pace π (its spells and its lasting changes), or None to assume a steady machine (π = 1;
     module docstring). ``step_time``/``draft_time`` stay non-decreasing in rows and tokens whatever is
     observed, given a base that is (every cost model in dspark is). The base's answers are cached
     until its ``start`` hook (forwarded by ``start``) says they changed.
