@@ -2,8 +2,8 @@
 concurrency c with every policy's speed over plain decoding (``greedy / temperature 1``), DSpark's over the best
 static policy and over the vLLM rule, its ratio in each timed round, τ and ℓ (``dspark.benchmarking.load_table``).
 
-    python benchmarks/load_table.py benchmarks/results/bench_load_grid.json
-    python benchmarks/load_table.py benchmarks/results/bench_load_grid.json --decode
+    python benchmarks/load_table.py benchmarks/results/bench_load_pace_held_c1_4.json
+    python benchmarks/load_table.py benchmarks/results/bench_load_pace_held_c1_4.json --decode
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ import dspark
 
 __all__ = ["across_categories", "first_difference", "generated_tokens", "load_table", "run_strategy", "sweep", "write_json"]
 
-#: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names.
-POLICY_TITLES = {
+#: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names; any other keeps its own name.
+_POLICY_TITLES = {
     "mtp1": "MTP-1", "fixed_gamma": "fixed γ", "threshold": "threshold", "vllm_rule": "vLLM rule", "dspark": "DSpark",
     "dspark_candidates": "DSpark (candidates)", "dspark_static": "DSpark (static)",
 }
@@ -97,30 +97,42 @@ def sweep(model, settings: list[tuple[str, object]], prompts, max_new_tokens) ->
     return results
 
 
+#: What ``load_table`` writes where a report holds no figure (a run cut before that setting; an older report).
+_MISSING = "–"
+
+
 def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     """One drafter's part of a ``benchmarks/bench_load.py`` report as an RST table, a row per concurrency c: each
     policy's speed over plain decoding, then DSpark's over the best static policy and over the vLLM rule, its ratio
     to plain decoding in each timed round (where the report keeps rounds: their spread is the machine's noise), τ
-    and its mean verify length ℓ. A cell holds one figure per mode, ``greedy / temperature 1``. ``prefix``
-    ``"decode_"`` gives the ratios of decoding alone."""
+    and its mean verify length ℓ. A cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where the
+    report has none. ``prefix`` ``"decode_"`` gives the ratios of decoding alone."""
     if prefix not in ("", "decode_"):
         raise ValueError(f"prefix must be '' or 'decode_', got {prefix!r}")
     by_mode = report["results"].get(drafter)
     if not by_mode:
         raise ValueError(f"drafter {drafter!r} is not in the report; it has {sorted(report['results'])}")
     modes = list(by_mode)
-    concurrencies = list(by_mode[modes[0]])
-    policies = [name for name in by_mode[modes[0]][concurrencies[0]] if name != "plain"]
+    settings = [entries for mode in modes for entries in by_mode[mode].values()]
+    concurrencies = list(dict.fromkeys(c for mode in modes for c in by_mode[mode]))
+    measured = dict.fromkeys(name for entries in settings for name in entries if name != "plain")
+    policies = [name for name in _POLICY_TITLES if name in measured] + [name for name in measured if name not in _POLICY_TITLES]
 
     def cell(c: str, read) -> str:
-        return " / ".join(read(by_mode[mode][c]) for mode in modes)
+        figures = []
+        for mode in modes:
+            try:
+                figures.append(read(by_mode[mode][c]))
+            except KeyError:  # a setting, policy or field this report does not hold
+                figures.append(_MISSING)
+        return " / ".join(figures)
 
-    columns = {title: (lambda entries, name=name: f"{entries[name][prefix + 'vs_plain']:.2f}") for name, title in POLICY_TITLES.items() if name in policies}
-    if "dspark" in policies:
+    columns = {_POLICY_TITLES.get(name, name): (lambda entries, name=name: f"{entries[name][prefix + 'vs_plain']:.2f}") for name in policies}
+    if "dspark" in measured:
         columns["DSpark/best"] = lambda entries: f"{entries['dspark'][prefix + 'vs_best_static']:.2f}"
-        if "vllm_rule" in policies:
+        if "vllm_rule" in measured:
             columns["DSpark/vLLM"] = lambda entries: f"{entries['dspark'][prefix + 'vs_plain'] / entries['vllm_rule'][prefix + 'vs_plain']:.2f}"
-        if prefix + "vs_plain_rounds" in by_mode[modes[0]][concurrencies[0]]["dspark"]:
+        if any(prefix + "vs_plain_rounds" in entries.get("dspark", {}) for entries in settings):
             columns["DSpark by round"] = lambda entries: ", ".join(f"{ratio:.2f}" for ratio in entries["dspark"][prefix + "vs_plain_rounds"])
         columns["DSpark τ"] = lambda entries: f"{entries['dspark']['tau']:.2f}"
         columns["DSpark ℓ"] = lambda entries: f"{entries['dspark']['mean_verify_length']:.2f}"

@@ -56,34 +56,57 @@ def test_run_strategy_reports_speed_and_tau(llama):
 
 def _load_entry(vs_plain: float, rounds: list[float], tau: float = 1.0, verify: float = 0.0) -> dict:
     return {
-        "vs_plain": vs_plain, "vs_best_static": vs_plain / 1.1, "decode_vs_plain": vs_plain + 0.5, "decode_vs_best_static": 0.5,
-        "vs_plain_rounds": rounds, "decode_vs_plain_rounds": [1.5], "tau": tau, "mean_verify_length": verify,
+        "vs_plain": vs_plain, "vs_best_static": vs_plain / 1.25, "decode_vs_plain": vs_plain + 0.5, "decode_vs_best_static": vs_plain / 2,
+        "vs_plain_rounds": rounds, "decode_vs_plain_rounds": [ratio + 0.5 for ratio in rounds], "tau": tau, "mean_verify_length": verify,
     }
 
 
 def _load_report() -> dict:
-    """A bench_load report of one drafter at c = 1 and 4, greedy and temperature 1, where MTP-1 reads 1.1."""
-    def setting(dspark_ratio):
+    """A bench_load report of one drafter at c = 1 and 4, greedy and temperature 1, every figure distinct by mode."""
+    def setting(shift: float, dspark_ratio: float) -> dict:
         return {
-            "plain": _load_entry(1.0, [1.0, 1.0]), "mtp1": _load_entry(1.1, [1.1, 1.1]),
-            "vllm_rule": _load_entry(0.8, [0.8, 0.8]), "dspark": _load_entry(dspark_ratio, [dspark_ratio - 0.02, dspark_ratio + 0.02], 1.3, 1.25),
+            "plain": _load_entry(1.0, [1.0, 1.0]), "mtp1": _load_entry(1.25 + shift, [1.2, 1.3]), "vllm_rule": _load_entry(0.8 + shift, [0.8, 0.8]),
+            "dspark": _load_entry(dspark_ratio + shift, [dspark_ratio - 0.02, dspark_ratio + 0.02], 1.3 + shift, 1.2 + shift),
         }
-    return {"results": {"shipped": {mode: {"1": setting(1.04), "4": setting(0.96)} for mode in ("greedy", "temperature_1")}}}
+    return {"results": {"shipped": {"greedy": {"1": setting(0.0, 1.04), "4": setting(0.0, 0.96)}, "temperature_1": {"1": setting(0.1, 1.04), "4": setting(0.1, 0.96)}}}}
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.split("  ") if cell.strip()]
 
 
 def test_load_table_shows_each_policy_and_dsparks_ratios_by_mode():
-    """load_table gives a row per c with every policy over plain, DSpark over the best static and the vLLM rule, its rounds, τ and ℓ."""
+    """load_table gives a row per c: every policy over plain, DSpark over the best static and the vLLM rule, its rounds, τ and ℓ, per mode."""
     lines = load_table(_load_report(), "shipped").splitlines()
-    assert lines[1].split("  ")[0] == "c" and "MTP-1" in lines[1] and "DSpark by round" in lines[1] and "plain" not in lines[1]
-    cells = [cell.strip() for cell in lines[3].split("  ") if cell.strip()]
-    assert cells == ["1", "1.10 / 1.10", "0.80 / 0.80", "1.04 / 1.04", "0.95 / 0.95", "1.30 / 1.30", "1.02, 1.06 / 1.02, 1.06", "1.30 / 1.30", "1.25 / 1.25"]
-    assert lines[4].startswith("4 ") and "0.96 / 0.96" in lines[4]
-    assert lines[0] == lines[2] == lines[-1] and set(lines[0]) == {"=", " "}
+    assert _cells(lines[1]) == ["c", "MTP-1", "vLLM rule", "DSpark", "DSpark/best", "DSpark/vLLM", "DSpark by round", "DSpark τ", "DSpark ℓ"]
+    assert _cells(lines[3]) == ["1", "1.25 / 1.35", "0.80 / 0.90", "1.04 / 1.14", "0.83 / 0.91", "1.30 / 1.27", "1.02, 1.06 / 1.02, 1.06", "1.30 / 1.40", "1.20 / 1.30"]
+    assert _cells(lines[4])[:4] == ["4", "1.25 / 1.35", "0.80 / 0.90", "0.96 / 1.06"]
+    assert lines[0] == lines[2] == lines[-1] and set(lines[0]) == {"=", " "} and len(lines) == 6
 
 
-def test_load_table_reads_decoding_alone_and_refuses_what_it_cannot_show():
-    """load_table's decode_ prefix reads the decoding-alone ratios; an unknown drafter or prefix is a ValueError naming it."""
-    assert "1.54 / 1.54" in load_table(_load_report(), "shipped", "decode_")
+def test_load_table_reads_decoding_alone():
+    """With the decode_ prefix every ratio column, the rounds included, reads decoding alone; τ and ℓ stay."""
+    row = _cells(load_table(_load_report(), "shipped", "decode_").splitlines()[3])
+    assert row == ["1", "1.75 / 1.85", "1.30 / 1.40", "1.54 / 1.64", "0.52 / 0.57", "1.18 / 1.17", "1.52, 1.56 / 1.52, 1.56", "1.30 / 1.40", "1.20 / 1.30"]
+
+
+def test_load_table_marks_what_a_cut_or_older_report_lacks():
+    """A setting a cut run did not reach reads '–'; a report without rounds has no rounds column; an unknown policy keeps its name."""
+    report = _load_report()
+    del report["results"]["shipped"]["temperature_1"]["4"]
+    report["results"]["shipped"]["greedy"]["1"]["lookahead"] = _load_entry(1.1, [1.1])
+    lines = load_table(report, "shipped").splitlines()
+    assert _cells(lines[4])[:4] == ["4", "1.25 / –", "0.80 / –", "0.96 / –"]
+    assert _cells(lines[1])[4] == "lookahead" and _cells(lines[3])[4] == "1.10 / –" and _cells(lines[4])[4] == "– / –"
+    for by_c in report["results"]["shipped"].values():
+        for entries in by_c.values():
+            for entry in entries.values():
+                del entry["vs_plain_rounds"]
+    assert "DSpark by round" not in load_table(report, "shipped")
+
+
+def test_load_table_refuses_what_it_cannot_show():
+    """An unknown drafter or prefix is a ValueError naming it."""
     with pytest.raises(ValueError, match="'prompt_lookup'"):
         load_table(_load_report(), "prompt_lookup")
     with pytest.raises(ValueError, match="'wall_'"):
