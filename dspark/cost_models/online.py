@@ -11,7 +11,7 @@ whatever the batch. Each observation of a step that took s seconds where the bas
 p = t₀(R, T) > 0 gives its cell the ratio clip(s/p). While a cell's ratios, with one more value counted twice,
 number at most ⌈1/α⌉ (α = ``smoothing``; 16 values at most, for memory), its correction k is their median with that
 value counted twice: the k it would answer with unobserved (below), read afresh at every answer. From then on each
-ratio smooths k (where α > 1/3, from the first: no median forms),
+ratio smooths k (where α ≥ 1/2, from the first: no median forms),
 k ← k + α·(clip(s/p) − k), starting from the median's last answer. The global correction g starts at 1
 and is smoothed from the first ratio on. Why a median first: smoothing alone keeps a cell seen a few
 times near where it started (3 observations move it 27% of the way at α = 0.1), and one start is the
