@@ -90,7 +90,6 @@ corrected model learns the whole cost a step's choice incurs, not the bare forwa
 from __future__ import annotations
 
 import bisect
-import collections
 import math
 import statistics
 from collections.abc import Callable
