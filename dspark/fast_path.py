@@ -78,7 +78,8 @@ _CACHE_VERSION = 1
 #: on an earlier one (``ProfiledCostModel`` tables) are measured again. 2: F.linear routed alone.
 #: 3: F.linear unless another formulation was timed 1.25x faster, and no copy for one row.
 #: 4: a model's one-row products read its copies where whole one-token forwards ran faster so.
-REVISION = 4
+#: 5: so do a drafter's (``dspark.wrap``), where its one-row drafting passes ran faster so.
+REVISION = 5
 # A model's one-row products read its weight copies only where one-token forwards ran this many times faster so:
 # below that the medians of a few forwards cannot tell the two apart on a loaded machine, and the copies' extra
 # operations would then be paid on every one-token step for a gain that may not be there.
@@ -513,7 +514,9 @@ class FastPath:
         """Whether ``weight`` was granted a copy (made on its first use)."""
         return weight in self._reserved
 
-    def measure_one_row(self, model: torch.nn.Module, progress: bool = True) -> OneRowChoice | None:
+    def measure_one_row(
+        self, model: torch.nn.Module, progress: bool = True, forward: Callable[[], float] | None = None
+    ) -> OneRowChoice | None:
         """Whether ``model``'s one-row products read its weight copies, measured on its own forwards, and
         applied: the ``OneRowChoice``, or None (one-row products keep their weights) where none of its
         weights holds a copy or its forward cannot be timed alone.
@@ -523,7 +526,9 @@ class FastPath:
         alone left the one-token forward slower; on another, the one-token forward took 43.0 ms with its
         one-row products on the weights and 27.5 ms on the copies (docs/fast_path.rst, "One row,
         measured on whole forwards"). So whole one-token forwards of ``model`` (one row, 256 cached
-        tokens) are timed both ways, ``_ONE_ROW_ROUNDS`` rounds in alternating order (with a progress
+        tokens; or, for a module that is not a model, such as a drafter, ``forward``: a call that runs it once
+        as it runs in use, one row on this fast path, and returns the seconds that took) are timed both ways,
+        ``_ONE_ROW_ROUNDS`` rounds in alternating order (with a progress
         bar when ``progress``), and the medians decide (``OneRowChoice.copies``). Once per machine, model
         and set of copied weights: the result is cached with the choices. Call it before generating on
         this fast path, not while another thread does: the measurement switches the rule back and forth.
@@ -540,7 +545,7 @@ class FastPath:
             self._one_row_applied.pop(model, None)
             choice = self._one_row.get(key)
             if choice is None:
-                choice = self._time_one_row(model, weights, progress)
+                choice = self._time_one_row(model, weights, progress, forward)
                 if choice is None:
                     return None
                 with self._lock:
@@ -559,24 +564,30 @@ class FastPath:
         """Whether ``model``'s one-row products read its weight copies now (``measure_one_row``)."""
         return any(weight in self._one_row_copies for weight in linear_weights(model))
 
-    def _time_one_row(self, model: torch.nn.Module, weights: list[torch.Tensor], progress: bool) -> OneRowChoice | None:
-        """Median seconds of ``model``'s one-token forward with ``weights``' one-row products on the weights
-        and on their copies, in alternating order (``measure_one_row``); None, with a warning, where the
+    def _time_one_row(
+        self, model: torch.nn.Module, weights: list[torch.Tensor], progress: bool, forward: Callable[[], float] | None
+    ) -> OneRowChoice | None:
+        """Median seconds of ``model``'s one-token forward (or of ``forward()``) with ``weights``' one-row products on
+        the weights and on their copies, in alternating order (``measure_one_row``); None, with a warning, where the
         forward cannot be timed alone. Leaves the products on the weights, whatever happens."""
         from dspark.cost_models.profiling import measure_step_time  # it times forwards on a FastPath
+
+        if forward is None:
+            def forward() -> float:
+                return measure_step_time(model, 1, 1, 256, self, repeats=_ONE_ROW_REPEATS).seconds
 
         order = [copies for index in range(_ONE_ROW_ROUNDS) for copies in ((False, True) if index % 2 == 0 else (True, False))]
         if progress:
             from tqdm.auto import tqdm
 
-            order = tqdm(order, desc="dspark fast path: timing one-token forwards (once per machine and model)", unit="way")
+            order = tqdm(order, desc=f"dspark fast path: timing one-row passes of {type(model).__name__} (once per machine and model)", unit="way")
         seconds: dict[bool, list[float]] = {False: [], True: []}
         try:
             for copies in order:
                 self._use_one_row(weights, copies)
-                seconds[copies].append(measure_step_time(model, 1, 1, 256, self, repeats=_ONE_ROW_REPEATS).seconds)
+                seconds[copies].append(forward())
         except (AttributeError, TypeError, ValueError, RuntimeError) as error:  # a model that cannot step alone
-            logger.warning("fast path: could not time %s's one-token forward (%s); its one-row products keep their weights", type(model).__name__, error)
+            logger.warning("fast path: could not time %s's one-row pass (%s); its one-row products keep their weights", type(model).__name__, error)
             return None
         finally:
             self._use_one_row(weights, False)
@@ -776,9 +787,9 @@ class FastPath:
                 continue
             speedup = _seconds_of(choice, "linear") / choice.seconds[0]
             lines.append(f"{choice.out_features:>8} x {choice.in_features:<7} {choice.rows:>5} {choice.dtype:>9}  {choice.best:<14} {speedup:>10.2f}x")
-        for choice in list(self._one_row_applied.values()):
+        for model, choice in list(self._one_row_applied.items()):
             lines.append(
-                f"one-token forward: {choice.seconds_without * 1e3:.2f} ms on the weights, {choice.seconds_with * 1e3:.2f} ms on the copies;"
+                f"{type(model).__name__}, one row: {choice.seconds_without * 1e3:.2f} ms on the weights, {choice.seconds_with * 1e3:.2f} ms on the copies;"
                 f" one-row products read the {'copies' if choice.copies else 'weights'}"
             )
         lines.append(f"weight copies: {self.copy_bytes / 2**20:.1f} MiB of a {self.copy_budget / 2**20:.1f} MiB budget")

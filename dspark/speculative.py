@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dspark.checks import check_int
 from dspark.cost_models.auto import BASE_ROWS
+from dspark.cost_models.profiling import one_row_draft_seconds
 from dspark.fast_path import FastPath, on_cpu
 from dspark.kv import check_cache_support
 from dspark.loop import PREFILL_CHUNK_TOKENS, LoopSpec, run_generation
@@ -47,6 +50,8 @@ def _resolve_fast_path(model: torch.nn.Module, drafter, fast_path) -> FastPath |
         fast_path = FastPath.shared(model)  # every wrap of this model shares its measurements and copies
     for module in drafter_modules(drafter):
         fast_path.include(module)
+        # Whether its one-row products read its copies, timed on one-row drafting passes as the loop runs them.
+        fast_path.measure_one_row(module, forward=functools.partial(one_row_draft_seconds, model, drafter, fast_path))
     return fast_path
 
 

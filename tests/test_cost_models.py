@@ -266,22 +266,21 @@ def target():
 
 def test_profile_measures_once_then_loads_the_cache(target, tmp_path, monkeypatch):
     """A first profile measures and writes <hash>.json under cache_dir; a second with the same key and grid measures nothing."""
-    calls = {"cost_curve": 0, "draft": 0}
-    measure_curve, measure_draft = profiled_module.cost_curve, profiled_module._draft_seconds
+    calls = {"cost_curve": 0, "draft_curve": 0}
+    measured = {name: getattr(profiled_module, name) for name in calls}
 
-    def counted_curve(*args, **kwargs):
-        calls["cost_curve"] += 1
-        return measure_curve(*args, **kwargs)
+    def counted(name):
+        def measure(*args, **kwargs):
+            calls[name] += 1
+            return measured[name](*args, **kwargs)
 
-    def counted_draft(*args, **kwargs):
-        calls["draft"] += 1
-        return measure_draft(*args, **kwargs)
+        return measure
 
-    monkeypatch.setattr(profiled_module, "cost_curve", counted_curve)
-    monkeypatch.setattr(profiled_module, "_draft_seconds", counted_draft)
+    for name in calls:
+        monkeypatch.setattr(profiled_module, name, counted(name))
     settings_ = dict(drafter=PromptLookupDrafter(), rows=(1, 2), tokens=(1, 3), context=8, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False)
     first = ProfiledCostModel.profile(target, **settings_)
-    assert calls == {"cost_curve": 1, "draft": 8}  # 2 rows values x depths 1..4
+    assert calls == {"cost_curve": 1, "draft_curve": 1}
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1 and CostTable.load(files[0]) == first.table
     assert first.table.key == profile_key(target, PromptLookupDrafter(), context=8, repeats=1, fast_path=False, max_draft_tokens=4)
@@ -290,7 +289,7 @@ def test_profile_measures_once_then_loads_the_cache(target, tmp_path, monkeypatc
     assert all(seconds > 0 for row in first.table.draft_seconds for seconds in row)
 
     second = ProfiledCostModel.profile(target, **settings_)
-    assert calls == {"cost_curve": 1, "draft": 8}
+    assert calls == {"cost_curve": 1, "draft_curve": 1}
     assert second.table == first.table
 
     ProfiledCostModel.profile(target, **{**settings_, "tokens": (1, 2)})  # another grid is another table
@@ -325,7 +324,7 @@ def test_the_key_records_whether_one_row_products_read_copies(target, tmp_path, 
     again rather than read."""
     # Packed copies timed fastest, so that the target's weights hold copies whatever this machine's timings.
     monkeypatch.setattr(fast_path_module, "_seconds", lambda function, *_: 1.0 if inspect.getclosurevars(function).nonlocals["formulation"] == "packed" else 2.0)
-    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress: OneRowChoice(seconds_without=2.0, seconds_with=1.0 if copies else 2.0))
+    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress, forward: OneRowChoice(seconds_without=2.0, seconds_with=1.0 if copies else 2.0))
     path = FastPath.for_model(target, cache_dir=tmp_path, progress=False)
     assert path.one_row_copies(target) is copies
     model = ProfiledCostModel.profile(target, rows=(1,), tokens=(1,), context=4, repeats=1, fast_path=path, cache_dir=tmp_path, progress=False)
@@ -335,6 +334,24 @@ def test_the_key_records_whether_one_row_products_read_copies(target, tmp_path, 
     assert again.table.key["one_row_copies"] is not copies
     assert len([table for table in tmp_path.glob("*.json") if not table.name.startswith("linear_choices")]) == 2
     assert ProfiledCostModel.profile(target, rows=(1,), tokens=(1,), context=4, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False).table.key["one_row_copies"] is None
+
+
+@pytest.mark.parametrize("copies", [True, False])
+def test_the_key_records_whether_a_drafters_one_row_products_read_copies(target, tmp_path, monkeypatch, copies):
+    """The key also carries the drafter's one-row choice (measured when the profile resolves its fast path): a table
+    whose drafting passes were timed under the other one is measured again rather than read."""
+    monkeypatch.setattr(fast_path_module, "_seconds", lambda function, *_: 1.0 if inspect.getclosurevars(function).nonlocals["formulation"] == "packed" else 2.0)
+    outcome = {"copies": copies}
+    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress, forward: OneRowChoice(seconds_without=2.0, seconds_with=1.0 if outcome["copies"] else 2.0))
+    drafter = tiny_semi_ar_drafter(target, max_draft_tokens=2)
+    path = FastPath.for_model(target, cache_dir=tmp_path, copy_budget=0, progress=False)
+    settings_ = dict(rows=(1,), tokens=(1, 2), context=4, repeats=1, fast_path=path, cache_dir=tmp_path, progress=False)
+    model = ProfiledCostModel.profile(target, drafter, **settings_)
+    assert path.one_row_copies(drafter) is copies and model.table.key["drafter_one_row_copies"] is copies
+    outcome["copies"] = not copies  # measured again (another day), with the other outcome
+    path._one_row.clear()
+    assert ProfiledCostModel.profile(target, drafter, **settings_).table.key["drafter_one_row_copies"] is not copies
+    assert ProfiledCostModel.profile(target, **settings_).table.key["drafter_one_row_copies"] is None
 
 
 def test_profile_runs_the_forwards_on_a_given_fast_path(target, tmp_path):

@@ -19,7 +19,7 @@ import dspark
 from dspark import fast_path
 from dspark.drafters import DraftModelDrafter, PromptLookupDrafter
 from dspark.fast_path import FORMULATIONS, FastPath, OneRowChoice, linear_weights, row_bucket
-from tests.conftest import build_model, left_padded_batch
+from tests.conftest import build_model, left_padded_batch, tiny_semi_ar_drafter
 from tests.strategies import linear_problems
 
 COPYING = ("pretransposed", "packed")
@@ -40,13 +40,13 @@ def _ranked_first(formulation: str):
 def _one_row_timed(monkeypatch, *results: OneRowChoice) -> None:
     """Make the one-row measurement return ``results`` in turn (the last one from then on) without timing forwards."""
     pending = list(results)
-    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress: pending.pop(0) if len(pending) > 1 else pending[0])
+    monkeypatch.setattr(FastPath, "_time_one_row", lambda self, model, weights, progress, forward: pending.pop(0) if len(pending) > 1 else pending[0])
 
 
 def _one_row_never_timed(monkeypatch, why: str) -> None:
     """Make any one-row measurement fail the test with ``why``: nothing should be timed."""
 
-    def fail(self, model, weights, progress):
+    def fail(self, model, weights, progress, forward):
         raise AssertionError(why)
 
     monkeypatch.setattr(FastPath, "_time_one_row", fail)
@@ -718,6 +718,47 @@ def test_a_draft_models_weights_are_included(tmp_path, monkeypatch):
     assert 0 < path.reserved_bytes <= path.copy_budget
     assert any(path.is_reserved(weight) for weight in linear_weights(small))
     assert not any(path.is_reserved(weight) for weight in linear_weights(target))
+
+
+@pytest.mark.parametrize("faster", [True, False], ids=["copies faster", "weights faster"])
+def test_a_drafters_one_row_products_read_its_copies_where_its_drafting_passes_ran_faster_so(faster, tmp_path, monkeypatch):
+    """wrap times the drafter's one-row drafting passes both ways (three rounds, alternating) and its one-row products
+    read its copies only where those passes ran faster so; describe() reports it."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    target = build_model("llama")
+    drafter = tiny_semi_ar_drafter(target)
+    path = FastPath.for_model(target, cache_dir=tmp_path, copy_budget=0)
+    ways = []
+
+    def timed_pass(target_, drafter_, fast_path_):
+        ways.append(fast_path_.one_row_copies(drafter_))
+        return 1.0 if faster and ways[-1] else 2.0
+
+    monkeypatch.setattr(dspark.speculative, "one_row_draft_seconds", timed_pass)
+    dspark.wrap(target, drafter, fast_path=path)
+    assert ways == [False, True, True, False, False, True]
+    assert path.one_row_copies(drafter) is faster and not path.one_row_copies(target)
+    assert f"SemiARDrafter, one row: 2000.00 ms on the weights, {1000.0 if faster else 2000.0:.2f} ms on the copies" in path.describe()
+    used = _formulations_used(monkeypatch)
+    weight = next(weight for weight in linear_weights(drafter) if path.is_reserved(weight))
+    x = torch.randn(1, weight.shape[1])
+    with path.active():
+        routed = F.linear(x, weight)
+    assert used == ["packed" if faster else "linear"] and _tight(routed, x @ weight.T)
+
+
+def test_a_drafters_one_row_choice_is_timed_on_real_passes_once(tmp_path, monkeypatch):
+    """wrap times a tiny semi-AR drafter's real one-row passes (seconds > 0); wrapping again on the same fast path
+    times nothing."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    target = build_model("llama")
+    drafter = tiny_semi_ar_drafter(target)
+    path = FastPath.for_model(target, cache_dir=tmp_path, copy_budget=0)
+    dspark.wrap(target, drafter, fast_path=path)
+    choice = path.measure_one_row(drafter)
+    assert choice is not None and choice.seconds_without > 0 and choice.seconds_with > 0
+    _one_row_never_timed(monkeypatch, "timed although the drafter's one-row choice was measured")
+    dspark.wrap(target, drafter, fast_path=path)
 
 
 def test_clear_copies_drops_every_copy(tmp_path, monkeypatch):

@@ -18,15 +18,14 @@ and tokens, and a clamp would make big batches look free), with those slopes mad
 along the other axis so the extrapolation stays monotone too.
 
 ``ProfiledCostModel.profile`` measures a table on the running machine with
-``dspark.cost_models.profiling.cost_curve`` (target forwards over random KV caches) and times the
-drafter's ``propose`` on a synthetic context at every depth 1..γ, and caches the table as JSON keyed by what the timings
+``dspark.cost_models.profiling.cost_curve`` (target forwards over random KV caches) and
+``profiling.draft_curve`` (the drafter's ``propose`` on a synthetic context at every depth 1..γ), and caches the table as JSON keyed by what the timings
 depend on (model, parameter count, device, dtype, threads, torch version, grid and settings).
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import hashlib
 import json
 import logging
@@ -34,8 +33,6 @@ import math
 import numbers
 import os
 import platform
-import statistics
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -44,11 +41,10 @@ import torch
 
 from dspark.checks import check_format, check_int, check_seconds
 from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
-from dspark.cost_models.profiling import cost_curve
+from dspark.cost_models.profiling import cost_curve, draft_curve
 from dspark.fast_path import REVISION as FAST_PATH_REVISION
 from dspark.fast_path import FastPath, on_cpu
 from dspark.protocols import DRAFTER_HOOKS, drafter_modules, hook
-from dspark.types import DraftContext, GenerationStart, SamplingConfig, StepOutcome
 
 __all__ = [
     "DEFAULT_TOKENS",
@@ -292,10 +288,6 @@ def interpolate_monotone(
 # -- measuring --------------------------------------------------------------------------------
 
 
-def _device(model: torch.nn.Module) -> torch.device:
-    return model.get_output_embeddings().weight.device
-
-
 def _device_name(device: torch.device) -> str:
     """The device type and, where known, the processor or accelerator model (timings differ between them)."""
     if device.type == "cuda":
@@ -344,12 +336,13 @@ def profile_key(
     fast_path: bool = True,
     max_draft_tokens: int | None = None,
     one_row_copies: bool | None = None,
+    drafter_one_row_copies: bool | None = None,
 ) -> dict:
     """What a profiled table's timings depend on: the target (class, name, parameter count), device,
     dtype, torch threads and version, the measuring settings (``profiling.REVISION``, and the fast path's
     ``REVISION`` when it is on, with whether its one-row products read weight copies,
-    ``FastPath.one_row_copies``: measured per machine, it can come out otherwise when measured again), and
-    the drafter (class, parameters, γ).
+    ``FastPath.one_row_copies``: measured per machine, it can come out otherwise when measured again, and the same
+    for the drafter's modules, ``drafter_one_row_copies``), and the drafter (class, parameters, γ).
     Weights' values are left out: a forward's time does not depend on them."""
     weight = target.get_output_embeddings().weight
     name = target.config.name_or_path or "" if hasattr(target, "config") else ""
@@ -366,6 +359,7 @@ def profile_key(
         "fast_path": fast_path,
         "fast_path_revision": FAST_PATH_REVISION if fast_path else None,
         "one_row_copies": one_row_copies if fast_path else None,
+        "drafter_one_row_copies": drafter_one_row_copies if fast_path and drafter is not None else None,
         "drafter": None if drafter is None else f"{type(drafter).__name__} {_parameter_count(drafter)}",
         "max_draft_tokens": max_draft_tokens,
     }
@@ -382,67 +376,6 @@ def _resolve_fast_path(target: torch.nn.Module, drafter, fast_path) -> FastPath 
     from dspark.speculative import _resolve_fast_path as resolve  # the loop's own rule, so timings match it
 
     return resolve(target, drafter, fast_path)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _draft_seconds(
-    target, drafter, rows: int, context: int, max_draft_tokens: int, depth: int, repeats: int, fast_path: FastPath | None
-) -> float:
-    """Median seconds of ``drafter.propose`` of ``depth`` tokens for ``rows`` rows in the steady state of a
-    generation of block width ``max_draft_tokens``.
-
-    The context is ``context`` random tokens per row. As in dspark's loop: ``start``, a first
-    (untimed) proposal that also takes in the context (with random features of the target's hidden
-    widths when the drafter reads ``target_layers``), then per repeat an ``observe``
-    of a step that kept nothing and a proposal after one new committed token. Random tokens rarely
-    repeat, so an n-gram drafter's lookups find little: its time here is the no-match cost.
-    """
-    device = _device(target)
-    vocab = target.get_output_embeddings().weight.shape[0]
-    generator = torch.Generator().manual_seed(rows * 7919 + context)
-    width = context + repeats + 1
-    tokens = torch.randint(vocab, (rows, width), generator=generator).to(device)
-    begin = torch.zeros(rows, dtype=torch.long, device=device)
-    row_ids = torch.arange(rows, device=device)
-    sampling = SamplingConfig()
-    layers = hook(drafter, "target_layers", DRAFTER_HOOKS)
-    start = hook(drafter, "start", DRAFTER_HOOKS)
-    if start is not None:
-        start(GenerationStart(rows=rows, device=device, max_draft_tokens=max_draft_tokens, max_length=width, sampling=sampling, prompt_length=context))
-    features = feature_mask = None
-    if layers and context > 1:
-        # Random features of the target's widths and dtype: a drafting pass's time does not depend on their
-        # values, and a real target forward over rows × context tokens would cost far more than the timing.
-        with torch.inference_mode():
-            outputs = target(input_ids=tokens[:1, :1], output_hidden_states=True)
-        shapes = [(outputs.hidden_states[layer].shape[-1], outputs.hidden_states[layer].dtype) for layer in layers]
-        features = torch.cat([torch.randn((rows, context - 1, size), generator=generator).to(device, dtype) for size, dtype in shapes], dim=-1)
-        feature_mask = torch.ones((rows, context - 1), dtype=torch.long, device=device)
-    mode = fast_path.active if fast_path is not None else contextlib.nullcontext  # as the loop's forward_mode
-    seconds = []
-    for step in range(repeats + 1):  # step 0 takes in the whole context: a warm-up, not the steady state
-        end = torch.full((rows,), context + step, dtype=torch.long, device=device)
-        draft_context = DraftContext(tokens=tokens, begin=begin, end=end, rows=row_ids, step=step, sampling=sampling,
-                                     features=features, feature_mask=feature_mask)
-        _sync(device)
-        started = time.perf_counter()
-        with mode():
-            drafter.propose(draft_context, depth)
-        _sync(device)
-        if step > 0:
-            seconds.append(time.perf_counter() - started)
-        drafter.observe(StepOutcome(
-            rows=row_ids, verify_lengths=torch.zeros(rows, dtype=torch.long, device=device),
-            accepted=torch.zeros(rows, dtype=torch.long, device=device), next_tokens=tokens[:, context + step],
-            finished=torch.zeros(rows, dtype=torch.bool, device=device),
-        ))
-        if features is not None:  # the verify forward of a step that kept nothing commits the anchor alone
-            features, feature_mask = features[:, -1:], feature_mask[:, -1:]
-    return statistics.median(seconds)
 
 
 # -- the cost model ---------------------------------------------------------------------------
@@ -512,13 +445,13 @@ class ProfiledCostModel:
         Target forwards are timed with ``cost_curve`` over ``rows`` × ``tokens`` after ``context``
         cached tokens (median of ``repeats``), on the fast path ``dspark.wrap`` would use for
         ``fast_path`` (True: ``FastPath.shared(target)``; None: that on CPU targets only; False:
-        plain forwards; or a given ``FastPath``). With a ``drafter``, one ``propose`` is timed per
-        ``rows`` value and depth 1..γ, γ = ``max_draft_tokens`` (default: the drafter's own
+        plain forwards; or a given ``FastPath``). With a ``drafter``, its ``propose`` is timed with ``draft_curve``
+        per ``rows`` value and depth 1..γ, γ = ``max_draft_tokens`` (default: the drafter's own
         ``max_draft_tokens``, else max(tokens) − 1). The table is cached as ``<hash>.json`` in ``cache_dir`` (default
         ``dspark.pretrained.default_cache_dir() / "cost_tables"``), named by a hash of
         ``profile_key`` and the grid; a later call with the same key and grid loads it and measures
         no forward (on the fast path it builds that path first, since the key holds its one-row choice;
-        ``profile_key`` called alone leaves ``one_row_copies`` None unless given). The default folder is
+        ``profile_key`` called alone leaves ``one_row_copies`` and ``drafter_one_row_copies`` None unless given). The default folder is
         ``default_table_dir()``.
         """
         rows, tokens = _check_grid("rows", rows), _check_grid("tokens", tokens)
@@ -530,7 +463,9 @@ class ProfiledCostModel:
         fast = on_cpu(target) if fast_path is None else fast_path is not False
         path_to_time = _resolve_fast_path(target, drafter, fast_path) if fast else None
         one_row_copies = None if path_to_time is None else path_to_time.one_row_copies(target)
-        key = profile_key(target, drafter, context=context, repeats=repeats, fast_path=fast, max_draft_tokens=width, one_row_copies=one_row_copies)
+        drafter_copies = None if path_to_time is None else any(path_to_time.one_row_copies(module) for module in drafter_modules(drafter))
+        key = profile_key(target, drafter, context=context, repeats=repeats, fast_path=fast, max_draft_tokens=width,
+                          one_row_copies=one_row_copies, drafter_one_row_copies=drafter_copies)
         directory = default_table_dir() if cache_dir is None else Path(cache_dir)
         path = _cache_file(directory, key, rows, tokens)
         cached = _read_cached(path, key, rows, tokens)
@@ -542,12 +477,9 @@ class ProfiledCostModel:
         draft_depths = draft_seconds = None
         if drafter is not None:
             draft_depths = tuple(range(1, width + 1))
-            points = [(row_count, depth) for row_count in rows for depth in draft_depths]
-            if progress:
-                from tqdm.auto import tqdm
-
-                points = tqdm(points, desc="drafting times", unit="point")
-            timed = {point: _draft_seconds(target, drafter, point[0], context, width, point[1], repeats, path_to_time) for point in points}
+            drafts = draft_curve(target, drafter, rows=rows, depths=draft_depths, context=context, max_draft_tokens=width,
+                                 fast_path=path_to_time, repeats=repeats, progress=progress)
+            timed = {(timing.rows, timing.depth): timing.seconds for timing in drafts}
             draft_seconds = [[timed[(row_count, depth)] for depth in draft_depths] for row_count in rows]
         table = CostTable(
             rows=rows, tokens=tokens, step_seconds=[[seconds[(row_count, token_count)] for token_count in tokens] for row_count in rows],

@@ -30,6 +30,13 @@ to every four-row step. So the points of one (context, rows) are timed between t
 spell, the median of those ratios over the passes is scaled by the median of every reference, and a spell cancels.
 This assumes a spell slows every shape alike, as lost processor time does; a slowdown that hits large shapes more
 (memory bandwidth shared with another tenant) still reaches the table, though less.
+
+``draft_curve`` times a drafter's ``propose`` over rows × depth the same way: a warm-up pass, then passes of one
+proposal per point, each rows value a fresh generation whose first proposal (reading the whole context) is untimed and
+whose depths start one later each pass. Every timed proposal follows a reference forward, as in the loop a proposal
+follows the target's forward (which has just pushed the drafter's weights out of the processor's caches), and is
+taken over the mean of the reference forwards either side of it, so a spell cancels as it does for steps. Before, each
+point's proposals were timed in a row, hot, in one spell.
 """
 
 from __future__ import annotations
@@ -49,18 +56,21 @@ from transformers.cache_utils import Cache
 from dspark.checks import check_int, int_at_least
 from dspark.fast_path import FastPath
 from dspark.kv import empty_cache
+from dspark.protocols import DRAFTER_HOOKS, hook
+from dspark.types import DraftContext, GenerationStart, SamplingConfig, StepOutcome
 
-__all__ = ["REVISION", "StepTiming", "measure_step_time", "cost_curve"]
+__all__ = ["REVISION", "StepTiming", "DraftTiming", "measure_step_time", "cost_curve", "draft_curve", "one_row_draft_seconds"]
 
 #: How ``cost_curve`` times its grid, and the revision of dspark's own code paths it times; part of a profiled
-#: table's cache key, so a change in either measures the table again. 6: each rows value's points timed over reference
+#: table's cache key, so a change in either measures the table again. 7: drafting timed in passes, each proposal after
+#: a reference forward and over the references beside it; 6: each rows value's points timed over reference
 #: forwards beside them; 5: drafting timed at every depth 1..γ;
 #: 4: steps timed on a cache of growing layers
 #: (``dspark.kv.empty_cache``, as the loop's), the semi-AR drafter's context grows in place and its attention joins
 #: no keys; 3: a fresh
 #: cache's first forward untimed, the token order rotated per pass; 2: in passes over the whole grid; 1: every
 #: repeat of a point in a row.
-REVISION = 6
+REVISION = 7
 
 
 @attrs.frozen
@@ -73,6 +83,17 @@ class StepTiming:
     tokens: int = attrs.field(validator=int_at_least(1))
     context: int = attrs.field(validator=int_at_least(0))
     path: str = attrs.field(validator=attrs.validators.in_(("default", "fast")))
+    seconds: float = attrs.field(validator=attrs.validators.instance_of(float))
+    repeats: int = attrs.field(validator=int_at_least(1))
+
+
+@attrs.frozen
+class DraftTiming:
+    """Seconds of one drafting pass (``propose``) for ``rows`` rows, ``depth`` tokens deep: the median over ``repeats``
+    passes of its time over the reference forwards beside it, scaled by the references' median (``draft_curve``)."""
+
+    rows: int = attrs.field(validator=int_at_least(1))
+    depth: int = attrs.field(validator=int_at_least(1))
     seconds: float = attrs.field(validator=attrs.validators.instance_of(float))
     repeats: int = attrs.field(validator=int_at_least(1))
 
@@ -152,6 +173,12 @@ def _measure(model, layout, rows: int, tokens: int, context: int, fast_path: Fas
     return StepTiming(rows=rows, tokens=tokens, context=context, path=path, seconds=statistics.median(seconds), repeats=repeats)
 
 
+def _reference_inputs(model, layout, context: int) -> dict:
+    """The reference forward's arguments: one row, one new token after ``context`` cached tokens, on a cache of its own."""
+    cache = _random_cache(layout, 1, context, _device(model), _generator(1, 0, context))
+    return _step_inputs(model, 1, 1, context, cache, _generator(1, 1, context))
+
+
 def _rotated(values: list[int], start: int) -> list[int]:
     """``values`` starting at index ``start`` (mod their number) and wrapping round."""
     start %= len(values)
@@ -182,8 +209,7 @@ def cost_curve(
     # Each point's time over the reference forwards timed around its group, then scaled by their median (module docstring).
     relative: dict[tuple[int, int, int], list[float]] = {(c, r, k): [] for c in contexts for r in rows for k in tokens}
     references: list[float] = []
-    reference_cache = _random_cache(layout, 1, contexts[0], device, _generator(1, 0, contexts[0]))
-    reference = _step_inputs(model, 1, 1, contexts[0], reference_cache, _generator(1, 1, contexts[0]))
+    reference = _reference_inputs(model, layout, contexts[0])
     label = f"step times ({'fast' if fast_path is not None else 'default'} path)"
     with tqdm(total=len(relative) * (repeats + 1), desc=label, unit="forward", disable=not progress) as bar:
         for attempt in range(repeats + 1):  # pass 0 warms up (and lets the fast path measure new shapes)
@@ -206,3 +232,123 @@ def cost_curve(
         StepTiming(rows=r, tokens=k, context=c, path=path, seconds=statistics.median(ratios) * scale, repeats=repeats)
         for (c, r, k), ratios in relative.items()
     ]
+
+
+class _DraftingRun:
+    """One generation of ``drafter`` over ``rows`` rows of random tokens in its steady state, as dspark's loop runs it:
+    ``start``, a first (untimed) proposal that also takes in the ``context`` tokens (with random features of the target's
+    hidden widths when the drafter reads ``target_layers``: a pass's time does not depend on their values, and a real
+    target forward over rows × context tokens would cost far more than the timings), then per ``propose`` one new
+    committed token, and after it the ``observe`` of a step that kept nothing. Random tokens rarely repeat, so an n-gram
+    drafter's lookups find little: its time here is the no-match cost."""
+
+    def __init__(self, target, drafter, rows: int, context: int, max_draft_tokens: int, proposals: int):
+        self.drafter, self.context, self.step = drafter, context, 0
+        device = _device(target)
+        vocab = target.get_output_embeddings().weight.shape[0]
+        generator = torch.Generator().manual_seed(rows * 7919 + context)
+        width = context + proposals
+        self.tokens = torch.randint(vocab, (rows, width), generator=generator).to(device)
+        self.begin = torch.zeros(rows, dtype=torch.long, device=device)
+        self.row_ids = torch.arange(rows, device=device)
+        self.nothing = torch.zeros(rows, dtype=torch.long, device=device)
+        self.sampling = SamplingConfig()
+        start = hook(drafter, "start", DRAFTER_HOOKS)
+        if start is not None:
+            start(GenerationStart(rows=rows, device=device, max_draft_tokens=max_draft_tokens, max_length=width, sampling=self.sampling, prompt_length=context))
+        self.features = self.feature_mask = None
+        layers = hook(drafter, "target_layers", DRAFTER_HOOKS)
+        if layers and context > 1:
+            with torch.inference_mode():
+                outputs = target(input_ids=self.tokens[:1, :1], output_hidden_states=True)
+            shapes = [(outputs.hidden_states[layer].shape[-1], outputs.hidden_states[layer].dtype) for layer in layers]
+            self.features = torch.cat([torch.randn((rows, context - 1, size), generator=generator).to(device, dtype) for size, dtype in shapes], dim=-1)
+            self.feature_mask = torch.ones((rows, context - 1), dtype=torch.long, device=device)
+
+    def propose(self, depth: int, fast_path: FastPath | None) -> float:
+        """Seconds of the next ``propose`` of ``depth`` tokens (device work included), then its step's ``observe``."""
+        device = self.tokens.device
+        end = torch.full_like(self.begin, self.context + self.step)
+        context = DraftContext(tokens=self.tokens, begin=self.begin, end=end, rows=self.row_ids, step=self.step, sampling=self.sampling,
+                               features=self.features, feature_mask=self.feature_mask)
+        with torch.inference_mode():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            with fast_path.active() if fast_path is not None else contextlib.nullcontext():  # as the loop's forward_mode
+                self.drafter.propose(context, depth)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - started
+            self.drafter.observe(StepOutcome(
+                rows=self.row_ids, verify_lengths=self.nothing, accepted=self.nothing,
+                next_tokens=self.tokens[:, self.context + self.step], finished=torch.zeros_like(self.begin, dtype=torch.bool),
+            ))
+        if self.features is not None:  # the verify forward of a step that kept nothing commits the anchor alone
+            self.features, self.feature_mask = self.features[:, -1:], self.feature_mask[:, -1:]
+        self.step += 1
+        return seconds
+
+
+def draft_curve(
+    target: torch.nn.Module,
+    drafter,
+    rows: Iterable[int] = (1, 2, 4, 8, 16, 32),
+    depths: Iterable[int] = (1, 2, 3, 4, 5, 6, 7),
+    context: int = 256,
+    max_draft_tokens: int | None = None,
+    fast_path: FastPath | None = None,
+    repeats: int = 5,
+    progress: bool = True,
+) -> list[DraftTiming]:
+    """One ``DraftTiming`` per point of rows × depths (rows outermost) for ``drafter`` beside ``target``, timed in
+    passes (module docstring): a warm-up pass, then ``repeats`` passes of one proposal per point. Per rows value and
+    pass, a fresh generation of block width ``max_draft_tokens`` (default: the deepest depth) over ``context`` tokens,
+    its first proposal untimed, then the depths from the pass's offset, each after a one-row, one-token reference
+    forward of ``target`` (on ``fast_path`` when given), with one more reference after the last."""
+    rows = [check_int("rows", row_count, 1) for row_count in rows]
+    depths = [check_int("depths", depth, 1) for depth in depths]
+    check_int("context", context, 1)
+    check_int("repeats", repeats, 1)
+    if not rows or not depths:
+        raise ValueError(f"rows and depths must each hold at least one value, got rows={rows!r}, depths={depths!r}")
+    width = max(depths) if max_draft_tokens is None else check_int("max_draft_tokens", max_draft_tokens, max(depths))
+    reference = _reference_inputs(target, _cache_layout(target, _device(target)), context)
+    relative: dict[tuple[int, int], list[float]] = {(r, d): [] for r in rows for d in depths}
+    references: list[float] = []
+    with tqdm(total=len(relative) * (repeats + 1), desc="drafting times", unit="proposal", disable=not progress) as bar:
+        for attempt in range(repeats + 1):  # pass 0 warms up
+            for row_count in rows:
+                run = _DraftingRun(target, drafter, row_count, context, width, proposals=len(depths) + 1)
+                run.propose(depths[-1], fast_path)  # reads the whole context: not the steady state
+                before = _time_forward(target, reference, fast_path)
+                for depth in _rotated(depths, attempt):
+                    seconds = run.propose(depth, fast_path)
+                    after = _time_forward(target, reference, fast_path)
+                    if attempt > 0:
+                        references.append(before)
+                        relative[(row_count, depth)].append(seconds / ((before + after) / 2))
+                    before = after
+                    bar.update(1)
+    scale = statistics.median(references)
+    return [DraftTiming(rows=r, depth=d, seconds=statistics.median(ratios) * scale, repeats=repeats) for (r, d), ratios in relative.items()]
+
+
+def one_row_draft_seconds(target: torch.nn.Module, drafter, fast_path: FastPath | None, context: int = 256, repeats: int = 5) -> float:
+    """Median seconds of a one-row drafting pass one token deep plus one a whole block deep (the drafter's
+    ``max_draft_tokens``, else 7), each after a one-row, one-token reference forward of ``target`` as in the loop, over
+    ``repeats`` pairs of a fresh generation after its untimed first proposal: what ``dspark.wrap`` times to decide
+    whether a drafter's one-row products read their weight copies (``FastPath.measure_one_row``)."""
+    check_int("context", context, 1)
+    check_int("repeats", repeats, 1)
+    width = hook(drafter, "max_draft_tokens", DRAFTER_HOOKS) or 7
+    reference = _reference_inputs(target, _cache_layout(target, _device(target)), context)
+    run = _DraftingRun(target, drafter, 1, context, width, proposals=2 * repeats + 1)
+    run.propose(width, fast_path)
+    seconds = []
+    for _ in range(repeats):
+        _time_forward(target, reference, fast_path)
+        shallow = run.propose(1, fast_path)
+        _time_forward(target, reference, fast_path)
+        seconds.append(shallow + run.propose(width, fast_path))
+    return statistics.median(seconds)
