@@ -51,7 +51,9 @@ def _resolve_fast_path(model: torch.nn.Module, drafter, fast_path) -> FastPath |
     for module in drafter_modules(drafter):
         fast_path.include(module)
         # Whether its one-row products read its copies, timed on one-row drafting passes as the loop runs them.
-        fast_path.measure_one_row(module, forward=functools.partial(one_row_draft_seconds, model, drafter, fast_path))
+        fast_path.measure_one_row(module, forward=functools.partial(
+            one_row_draft_seconds, model, drafter, fast_path, hook(drafter, "max_draft_tokens", DRAFTER_HOOKS) or DEFAULT_DRAFT_TOKENS
+        ))
     return fast_path
 
 

@@ -730,7 +730,8 @@ def test_a_drafters_one_row_products_read_its_copies_where_its_drafting_passes_r
     path = FastPath.for_model(target, cache_dir=tmp_path, copy_budget=0)
     ways = []
 
-    def timed_pass(target_, drafter_, fast_path_):
+    def timed_pass(target_, drafter_, fast_path_, max_draft_tokens):
+        assert max_draft_tokens == drafter_.max_draft_tokens  # the whole block the drafter drafts
         ways.append(fast_path_.one_row_copies(drafter_))
         return 1.0 if faster and ways[-1] else 2.0
 

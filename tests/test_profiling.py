@@ -219,15 +219,17 @@ def test_draft_curve_refuses_bad_arguments_by_name(model, arguments, error, name
 
 def test_one_row_draft_seconds_times_a_shallow_and_a_whole_block_pass_after_reference_forwards(model):
     """one_row_draft_seconds: on a one-row generation, an untimed whole-block proposal, then per repeat a reference
-    forward, a one-deep proposal, a reference forward and a whole-block proposal; positive seconds."""
+    forward, a one-deep proposal, a reference forward and a whole-block proposal; positive seconds; a block below one
+    token is refused by name."""
     events = []
     handle = model.register_forward_pre_hook(lambda module, args, kwargs: events.append(("forward", *kwargs["input_ids"].shape)), with_kwargs=True)
     try:
-        seconds = one_row_draft_seconds(model, _RecordingLookup(events), None, context=5, repeats=2)
+        seconds = one_row_draft_seconds(model, _RecordingLookup(events), None, 3, context=5, repeats=2)
     finally:
         handle.remove()
-    whole = PromptLookupDrafter().max_draft_tokens
-    reference = ("forward", 1, 1)
+    whole, reference = 3, ("forward", 1, 1)
     assert seconds > 0
     assert events[1:] == [("propose", 1, whole, 0), reference, ("propose", 1, 1, 1), reference, ("propose", 1, whole, 2),
                           reference, ("propose", 1, 1, 3), reference, ("propose", 1, whole, 4)]
+    with pytest.raises(ValueError, match="max_draft_tokens"):
+        one_row_draft_seconds(model, PromptLookupDrafter(), None, 0)

@@ -144,19 +144,23 @@ def _step_inputs(model, rows: int, tokens: int, context: int, cache: Cache, gene
     }
 
 
-def _time_forward(model, inputs: dict, fast_path: FastPath | None) -> float:
-    """Seconds of one forward (device work included), after which the cache is cropped back to its context."""
-    device = _device(model)
+def _timed(device: torch.device, fast_path: FastPath | None, call) -> float:
+    """Seconds of ``call()`` under inference mode on ``fast_path`` (when given), the device's work included."""
     with torch.inference_mode():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         started = time.perf_counter()
         with fast_path.active() if fast_path is not None else contextlib.nullcontext():
-            model(**inputs)
+            call()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - started
-        inputs["cache"].crop(-inputs["input_ids"].shape[1])
+        return time.perf_counter() - started
+
+
+def _time_forward(model, inputs: dict, fast_path: FastPath | None) -> float:
+    """Seconds of one forward (device work included), after which the cache is cropped back to its context."""
+    seconds = _timed(_device(model), fast_path, lambda: model(**inputs))
+    inputs["cache"].crop(-inputs["input_ids"].shape[1])
     return seconds
 
 
@@ -267,19 +271,11 @@ class _DraftingRun:
 
     def propose(self, depth: int, fast_path: FastPath | None) -> float:
         """Seconds of the next ``propose`` of ``depth`` tokens (device work included), then its step's ``observe``."""
-        device = self.tokens.device
         end = torch.full_like(self.begin, self.context + self.step)
         context = DraftContext(tokens=self.tokens, begin=self.begin, end=end, rows=self.row_ids, step=self.step, sampling=self.sampling,
                                features=self.features, feature_mask=self.feature_mask)
+        seconds = _timed(self.tokens.device, fast_path, lambda: self.drafter.propose(context, depth))  # as the loop's forward_mode
         with torch.inference_mode():
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
-            with fast_path.active() if fast_path is not None else contextlib.nullcontext():  # as the loop's forward_mode
-                self.drafter.propose(context, depth)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - started
             self.drafter.observe(StepOutcome(
                 rows=self.row_ids, verify_lengths=self.nothing, accepted=self.nothing,
                 next_tokens=self.tokens[:, self.context + self.step], finished=torch.zeros_like(self.begin, dtype=torch.bool),
@@ -334,14 +330,16 @@ def draft_curve(
     return [DraftTiming(rows=r, depth=d, seconds=statistics.median(ratios) * scale, repeats=repeats) for (r, d), ratios in relative.items()]
 
 
-def one_row_draft_seconds(target: torch.nn.Module, drafter, fast_path: FastPath | None, context: int = 256, repeats: int = 5) -> float:
-    """Median seconds of a one-row drafting pass one token deep plus one a whole block deep (the drafter's
-    ``max_draft_tokens``, else 7), each after a one-row, one-token reference forward of ``target`` as in the loop, over
-    ``repeats`` pairs of a fresh generation after its untimed first proposal: what ``dspark.wrap`` times to decide
-    whether a drafter's one-row products read their weight copies (``FastPath.measure_one_row``)."""
+def one_row_draft_seconds(
+    target: torch.nn.Module, drafter, fast_path: FastPath | None, max_draft_tokens: int, context: int = 256, repeats: int = 5
+) -> float:
+    """Median seconds of a one-row drafting pass one token deep plus one a whole block (``max_draft_tokens``) deep, each
+    after a one-row, one-token reference forward of ``target`` as in the loop, over ``repeats`` pairs of a fresh
+    generation after its untimed first proposal: what ``dspark.wrap`` times to decide whether a drafter's one-row
+    products read their weight copies (``FastPath.measure_one_row``)."""
+    width = check_int("max_draft_tokens", max_draft_tokens, 1)
     check_int("context", context, 1)
     check_int("repeats", repeats, 1)
-    width = hook(drafter, "max_draft_tokens", DRAFTER_HOOKS) or 7
     reference = _reference_inputs(target, _cache_layout(target, _device(target)), context)
     run = _DraftingRun(target, drafter, 1, context, width, proposals=2 * repeats + 1)
     run.propose(width, fast_path)
