@@ -463,7 +463,9 @@ class FastPath:
     def include(self, module: torch.nn.Module, copy_budget: int | None = None, progress: bool = True) -> None:
         """Also serve ``module`` (a drafter, say): time its linear shapes and grant copies among its
         ``linear_weights`` within ``copy_budget`` more bytes (default ``default_copy_budget(module)``).
-        Including a module twice changes nothing."""
+        Including a module twice changes nothing. Its one-row products keep their weights until
+        ``measure_one_row(module, forward=...)`` finds its copies faster at one row (``dspark.wrap`` measures a
+        drafter's modules so, on one-row drafting passes)."""
         if module in self._included:
             return
         weights = linear_weights(module)
