@@ -238,15 +238,27 @@ def cost_curve(
     ]
 
 
+def _feature_layout(target, drafter) -> list[tuple[int, torch.dtype]] | None:
+    """The (width, dtype) of each target layer the drafter reads (``target_layers``), from a one-token forward; None
+    for a drafter that reads none."""
+    layers = hook(drafter, "target_layers", DRAFTER_HOOKS)
+    if not layers:
+        return None
+    with torch.inference_mode():
+        outputs = target(input_ids=torch.zeros((1, 1), dtype=torch.long, device=_device(target)), output_hidden_states=True)
+    return [(outputs.hidden_states[layer].shape[-1], outputs.hidden_states[layer].dtype) for layer in layers]
+
+
 class _DraftingRun:
     """One generation of ``drafter`` over ``rows`` rows of random tokens in its steady state, as dspark's loop runs it:
-    ``start``, a first (untimed) proposal that also takes in the ``context`` tokens (with random features of the target's
-    hidden widths when the drafter reads ``target_layers``: a pass's time does not depend on their values, and a real
-    target forward over rows × context tokens would cost far more than the timings), then per ``propose`` one new
-    committed token, and after it the ``observe`` of a step that kept nothing. Random tokens rarely repeat, so an n-gram
-    drafter's lookups find little: its time here is the no-match cost."""
+    ``start``, a first (untimed) proposal that also takes in the ``context`` tokens (with random features of the
+    ``_feature_layout`` ``features`` when the drafter reads target layers: a pass's time does not depend on their values,
+    and a real target forward over rows × context tokens would cost far more than the timings), then per ``propose``
+    one new committed token, and after it the ``observe`` of a step that kept nothing. Random tokens rarely repeat, so an
+    n-gram drafter's lookups find little: its time here is the no-match cost."""
 
-    def __init__(self, target, drafter, rows: int, context: int, max_draft_tokens: int, proposals: int):
+    def __init__(self, target, drafter, rows: int, context: int, max_draft_tokens: int, proposals: int,
+                 features: list[tuple[int, torch.dtype]] | None):
         self.drafter, self.context, self.step = drafter, context, 0
         device = _device(target)
         vocab = target.get_output_embeddings().weight.shape[0]
@@ -261,12 +273,8 @@ class _DraftingRun:
         if start is not None:
             start(GenerationStart(rows=rows, device=device, max_draft_tokens=max_draft_tokens, max_length=width, sampling=self.sampling, prompt_length=context))
         self.features = self.feature_mask = None
-        layers = hook(drafter, "target_layers", DRAFTER_HOOKS)
-        if layers and context > 1:
-            with torch.inference_mode():
-                outputs = target(input_ids=self.tokens[:1, :1], output_hidden_states=True)
-            shapes = [(outputs.hidden_states[layer].shape[-1], outputs.hidden_states[layer].dtype) for layer in layers]
-            self.features = torch.cat([torch.randn((rows, context - 1, size), generator=generator).to(device, dtype) for size, dtype in shapes], dim=-1)
+        if features and context > 1:
+            self.features = torch.cat([torch.randn((rows, context - 1, size), generator=generator).to(device, dtype) for size, dtype in features], dim=-1)
             self.feature_mask = torch.ones((rows, context - 1), dtype=torch.long, device=device)
 
     def propose(self, depth: int, fast_path: FastPath | None) -> float:
@@ -310,12 +318,13 @@ def draft_curve(
         raise ValueError(f"rows and depths must each hold at least one value, got rows={rows!r}, depths={depths!r}")
     width = max(depths) if max_draft_tokens is None else check_int("max_draft_tokens", max_draft_tokens, max(depths))
     reference = _reference_inputs(target, _cache_layout(target, _device(target)), context)
+    features = _feature_layout(target, drafter)
     relative: dict[tuple[int, int], list[float]] = {(r, d): [] for r in rows for d in depths}
     references: list[float] = []
     with tqdm(total=len(relative) * (repeats + 1), desc="drafting times", unit="proposal", disable=not progress) as bar:
         for attempt in range(repeats + 1):  # pass 0 warms up
             for row_count in rows:
-                run = _DraftingRun(target, drafter, row_count, context, width, proposals=len(depths) + 1)
+                run = _DraftingRun(target, drafter, row_count, context, width, len(depths) + 1, features)
                 run.propose(depths[-1], fast_path)  # reads the whole context: not the steady state
                 before = _time_forward(target, reference, fast_path)
                 for depth in _rotated(depths, attempt):
@@ -341,7 +350,7 @@ def one_row_draft_seconds(
     check_int("context", context, 1)
     check_int("repeats", repeats, 1)
     reference = _reference_inputs(target, _cache_layout(target, _device(target)), context)
-    run = _DraftingRun(target, drafter, 1, context, width, proposals=2 * repeats + 1)
+    run = _DraftingRun(target, drafter, 1, context, width, 2 * repeats + 1, _feature_layout(target, drafter))
     run.propose(width, fast_path)
     seconds = []
     for _ in range(repeats):
