@@ -264,17 +264,16 @@ def test_the_choice_reads_the_rows_gain_pulled_towards_the_priors_by_prior_weigh
     fallback = GoodputFallback(smoothing=0.5, prior_weight=3.0)
     fallback.prior.update("greedy", 1, torch.tensor([0.8], dtype=torch.float64), torch.tensor([1]))  # ḡ = 0.8
     run = fallback.start(start(1), Costs())
-    rows = torch.tensor([0])
-    run.draft_rows(rows)
-    assert run.shrunk_gain(rows, fallback.prior.get("greedy", 1)).item() == pytest.approx(0.8)  # no own step: the prior's
+    run.draft_rows(torch.tensor([0]))
+    assert run.shrunk_gain([0], fallback.prior.get("greedy", 1))[0] == pytest.approx(0.8)  # no own step: the prior's
     for steps in range(1, 6):
         run.observe(record([0], [True], [1], [0], survival=torch.tensor([[0.2, 0.0, 0.0, 0.0]])))
         prior = fallback.prior.get("greedy", 1)
         own = min(steps, 3)  # the horizon (2 − 0.5) / 0.5
-        assert run.shrunk_gain(rows, prior).item() == pytest.approx((own * run.gain[0].item() + 3.0 * prior[0]) / (own + 3.0))
+        assert run.shrunk_gain([0], prior)[0] == pytest.approx((own * run.gain[0] + 3.0 * prior[0]) / (own + 3.0))
     fresh = attrs.evolve(fallback, prior_weight=0.0).start(start(1), Costs())
     fresh.gain[0] = 0.1  # a g of its own, away from the prior's
-    assert fresh.shrunk_gain(rows, prior).item() == pytest.approx(0.1) and prior[0] != pytest.approx(0.1)  # κ = 0: g alone
+    assert fresh.shrunk_gain([0], prior)[0] == pytest.approx(0.1) and prior[0] != pytest.approx(0.1)  # κ = 0: g alone
 
 
 def test_a_dip_below_break_even_does_not_drop_a_row_where_rows_like_it_pay():
@@ -343,9 +342,9 @@ def test_a_generation_drafts_only_where_its_first_choice_gains_generation_min_ga
     fallback = GoodputFallback(generation_min_gain=min_gain)
     fallback.prior.update("greedy", 2, torch.full((8,), 0.5, dtype=torch.float64), torch.ones(8, dtype=torch.long))
     run = fallback.start(start(2), Costs(draft_row=draft_row))
-    rows = torch.arange(2)
-    assert run.predicted_gain(rows, torch.tensor([True, True]), run.depth(rows)) == pytest.approx(3 / (1 + 2 * draft_row) / 2 - 1)
-    assert run.predicted_gain(rows, torch.tensor([False, False]), run.depth(rows)) == 0.0  # drafting no row adds nothing
+    rows = [0, 1]
+    assert run.predicted_gain(rows, [True, True], run.depth(rows)) == pytest.approx(3 / (1 + 2 * draft_row) / 2 - 1)
+    assert run.predicted_gain(rows, [False, False], run.depth(rows)) == 0.0  # drafting no row adds nothing
     assert run.drafts is drafts
 
 
@@ -357,8 +356,8 @@ def test_a_one_row_generation_drafts_wherever_its_first_choice_drafts(draft_row,
     fallback = GoodputFallback()
     fallback.prior.update("greedy", 1, torch.full((8,), 0.5, dtype=torch.float64), torch.ones(8, dtype=torch.long))
     run = fallback.start(start(1), Costs(draft_row=draft_row))
-    rows = torch.arange(1)
-    assert run.predicted_gain(rows, torch.tensor([True]), run.depth(rows)) == pytest.approx(1.5 / (1 + draft_row) - 1)
+    rows = [0]
+    assert run.predicted_gain(rows, [True], run.depth(rows)) == pytest.approx(1.5 / (1 + draft_row) - 1)
     assert run.drafts is drafts
 
 

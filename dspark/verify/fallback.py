@@ -118,7 +118,7 @@ import collections
 import functools
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 import torch
@@ -171,11 +171,23 @@ def drafting_goodput(
     predicted goodput of drafting its first k, k = 0..n (module docstring). ``gains`` [n]: w_r·g_r;
     ``widths`` [n]: round(λ_r); ``base``: Σ_r w_r over all ``rows`` rows of the forward. CPU tensors."""
     _check_rows_problem(gains, widths, rows)
-    order = torch.sort(gains, descending=True, stable=True).indices
-    gained = torch.cat([gains.new_zeros(1), gains[order].cumsum(dim=0)])
-    width = torch.cat([widths.new_zeros(1), widths[order].cummax(dim=0).values]).tolist()
-    seconds = [(draft_time(count) if count > 0 else 0.0) + step_time(rows, 1 + reach) for count, reach in enumerate(width)]
-    return order, (base + gained) / torch.tensor(seconds, dtype=gains.dtype)
+    order, gained, seconds = _goodput_terms(gains.tolist(), widths.tolist(), rows, step_time, draft_time)
+    return torch.tensor(order, dtype=torch.long), (base + torch.tensor(gained, dtype=gains.dtype)) / torch.tensor(seconds, dtype=gains.dtype)
+
+
+def _goodput_terms(
+    gains: list[float], widths: list[int], rows: int, step_time: Callable[[int, int], float], draft_time: Callable[[int], float]
+) -> tuple[list[int], list[float], list[float]]:
+    """``drafting_goodput`` on host lists, the numerator's gains and the denominator's seconds apart: (order,
+    Σ of the first k gains in that order, D(k) + T(R, 1 + their widest), k = 0..n). In plain Python, because
+    the choice runs before every step on a handful of rows, where a tensor op costs more than its arithmetic."""
+    order = sorted(range(len(gains)), key=gains.__getitem__, reverse=True)  # a stable sort: ties keep the smaller index first
+    gained, reach, seconds = [0.0], 0, [step_time(rows, 1)]
+    for count, row in enumerate(order, start=1):
+        gained.append(gained[-1] + gains[row])
+        reach = max(reach, widths[row])
+        seconds.append(draft_time(count) + step_time(rows, 1 + reach))
+    return order, gained, seconds
 
 
 def best_drafted_rows(
@@ -185,20 +197,20 @@ def best_drafted_rows(
     """BoolTensor[n]: the candidates in the first maximum of ``drafting_goodput`` (fewest rows on a tie).
     Rows expected to gain nothing are never drafted for, so only the others are costed."""
     _check_rows_problem(gains, widths, rows)
-    paying = (gains > 0).nonzero().squeeze(1)
-    chosen = torch.zeros(gains.numel(), dtype=torch.bool)
-    if paying.numel() == 0:
-        return chosen
-    order, theta = drafting_goodput(gains[paying], widths[paying], base, rows, step_time, draft_time)
-    chosen[paying[order[: int(theta.argmax())]]] = True
-    return chosen
+    values, reaches = gains.tolist(), widths.tolist()
+    paying = [index for index, value in enumerate(values) if value > 0]
+    chosen = [False] * len(values)
+    if paying:
+        order, gained, seconds = _goodput_terms([values[i] for i in paying], [reaches[i] for i in paying], rows, step_time, draft_time)
+        theta = [(base + numerator) / denominator for numerator, denominator in zip(gained, seconds)]
+        for position in order[: theta.index(max(theta))]:
+            chosen[paying[position]] = True
+    return torch.tensor(chosen, dtype=torch.bool)
 
 
-def _new_step_weight(steps, smoothing: float):
-    """The weight of the newest of ``steps`` observations (an int, or a DoubleTensor of counts) in an estimate that is
-    their mean while they are fewer than 1/``smoothing``, then exponential smoothing by ``smoothing``."""
-    if isinstance(steps, torch.Tensor):
-        return (1 / steps).clamp_min(smoothing)
+def _new_step_weight(steps: int, smoothing: float) -> float:
+    """The weight of the newest of ``steps`` observations in an estimate that is their mean while they are fewer than
+    1/``smoothing``, then exponential smoothing by ``smoothing``."""
     return max(1 / steps, smoothing)
 
 
@@ -307,25 +319,35 @@ class GainPrior:
         accepted, expected = self.realised.get(band, (0.0, 0.0))
         return (accepted + _REALISED_PSEUDO_TOKENS) / (expected + _REALISED_PSEUDO_TOKENS)
 
-    def update(self, band: str, rows: int, gains: torch.Tensor, verify_lengths: torch.Tensor, accepted: torch.Tensor | None = None) -> None:
-        """Smooth in the mean outcome of one step's drafted rows of a batch of ``rows`` rows; raise the ceiling;
-        with ``accepted`` (the rows' accepted counts n_r), add them and the expected ``gains`` to ρ's sums."""
+    def update(
+        self, band: str, rows: int, gains: Sequence[float] | torch.Tensor, verify_lengths: Sequence[float] | torch.Tensor,
+        accepted: Sequence[float] | torch.Tensor | None = None,
+    ) -> None:
+        """Smooth in the mean outcome of one step's drafted rows of a batch of ``rows`` rows (``gains``, ``verify_lengths``:
+        one value per drafted row, lists or 1-D tensors); raise the ceiling; with ``accepted`` (the rows' accepted
+        counts n_r), add them and the expected ``gains`` to ρ's sums."""
+        gains, verify_lengths = _host_values(gains), _host_values(verify_lengths)
         if accepted is not None:
             realised, expected = self.realised.get(band, (0.0, 0.0))
-            self.realised[band] = (self.realised_discount * realised + float(accepted.double().sum()),
-                                   self.realised_discount * expected + float(gains.double().sum()))
-        observed = (float(gains.double().mean()), float(verify_lengths.double().mean()))
+            self.realised[band] = (self.realised_discount * realised + float(sum(_host_values(accepted))),
+                                   self.realised_discount * expected + float(sum(gains)))
+        observed = (sum(gains) / len(gains), sum(verify_lengths) / len(verify_lengths))
         self.version += 1
         key = (band, _size_bucket(rows))
-        self.drafted[key] = self.drafted.get(key, 0) + gains.numel()
+        self.drafted[key] = self.drafted.get(key, 0) + len(gains)
         self.updates[key] = self.updates.get(key, 0) + 1
         # With a long memory, smoothing from the first step would keep that one step's outcome for a hundred more.
         weight = _new_step_weight(self.updates[key], self.smoothing)
         known = self.estimates.get(key, observed)
         self.estimates[key] = tuple(old + weight * (new - old) for old, new in zip(known, observed))
-        best = int(gains.argmax())
-        if key not in self.ceilings or float(gains[best]) > self.ceilings[key][0]:
+        best = gains.index(max(gains))
+        if key not in self.ceilings or gains[best] > self.ceilings[key][0]:
             self.ceilings[key] = (float(gains[best]), float(verify_lengths[best]))
+
+
+def _host_values(values: Sequence[float] | torch.Tensor) -> list:
+    """A 1-D tensor or a sequence of numbers as a list of Python numbers."""
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
 
 
 @attrs.frozen
@@ -396,19 +418,23 @@ class GoodputFallbackRun:
     """One generation's ``GoodputFallback`` state, on the host: per batch row g_r, λ_r, whether it was
     ever observed, steps skipped since it was last drafted and its current probe interval; and the
     least seconds a step that drafted for no row has spent outside the target forward. ``drafts``: whether
-    the generation drafts at all (``FALLBACK_RUN_HOOKS``; module docstring), decided when the run starts."""
+    the generation drafts at all (``FALLBACK_RUN_HOOKS``; module docstring), decided when the run starts.
+
+    The per-row state is kept in Python lists indexed by batch row, and the helpers below take the step's rows as a
+    list of batch indices: the choice runs before every step on a handful of rows, where each tensor op would cost
+    more than its arithmetic (``draft_rows`` and ``observe`` keep the protocol's host tensors)."""
 
     def __init__(self, fallback: GoodputFallback, generation: GenerationStart, cost_model: CostModel):
         batch = generation.rows
         self.fallback, self.cost_model, self.band = fallback, cost_model, band_of(generation.sampling)
         self.max_draft_tokens = generation.max_draft_tokens
-        self.priority = torch.ones(batch, dtype=torch.float64) if generation.priority is None else generation.priority.detach().double().cpu()
-        self.gain = torch.zeros(batch, dtype=torch.float64)
-        self.verify = torch.zeros(batch, dtype=torch.float64)
-        self.observed = torch.zeros(batch, dtype=torch.bool)  # has an estimate: its own outcome or the prior's
-        self.own_steps = torch.zeros(batch, dtype=torch.float64)  # drafted steps of its own in this generation (> 0: measured)
-        self.skipped = torch.zeros(batch, dtype=torch.long)
-        self.interval = torch.full((batch,), fallback.prior.probe_interval(self.band, batch) or fallback.probe_after, dtype=torch.long)
+        self.priority = [1.0] * batch if generation.priority is None else generation.priority.detach().double().cpu().tolist()
+        self.gain = [0.0] * batch
+        self.verify = [0.0] * batch
+        self.observed = [False] * batch  # has an estimate: its own outcome or the prior's
+        self.own_steps = [0] * batch  # drafted steps of its own in this generation (> 0: measured)
+        self.skipped = [0] * batch
+        self.interval = [fallback.prior.probe_interval(self.band, batch) or fallback.probe_after] * batch
         self.idle_seconds: float | None = None
         # Feature columns the drafter has not read: the prompt's until the first pass, then one per skipped step.
         self.unread_prompt_columns = generation.prompt_length or 0
@@ -426,10 +452,10 @@ class GoodputFallbackRun:
         for rows predicted to raise Θ by ``generation_min_gain`` at least (any predicted gain, at one row), or when
         it is the prior's turn to probe a batch of this size and band (``GainPrior.idle_generation``); module
         docstring."""
-        rows = torch.arange(batch)
+        rows = list(range(batch))
         chosen, probes, depths = self._choice(rows)
         min_gain = self.fallback.generation_min_gain if batch > 1 else 0.0  # module docstring: what the margin prices
-        if bool(probes.any()) or (bool(chosen.any()) and self.predicted_gain(rows, chosen, depths) >= min_gain):
+        if any(probes) or (any(chosen) and self.predicted_gain(rows, chosen, depths) >= min_gain):
             self.fallback.prior.drafting_generation(self.band, batch)
             return True
         self._probed_generation = self.fallback.prior.idle_generation(
@@ -437,29 +463,32 @@ class GoodputFallbackRun:
         )
         return self._probed_generation
 
-    def predicted_gain(self, rows: torch.Tensor, chosen: torch.Tensor, depths: torch.Tensor) -> float:
+    def predicted_gain(self, rows: list[int], chosen: list[bool], depths: list[int]) -> float:
         """Θ(S) / Θ(∅) − 1: what drafting the ``chosen`` of ``rows`` (``depths`` deep) is predicted to add to the
         goodput, the rule's Θ with the estimates the choice reads (module docstring); 0 for no row, +inf where drafting
         costs nothing avoidable."""
-        if not bool(chosen.any()):
+        if not any(chosen):
             return 0.0
-        if self._drafting_is_free(rows):
+        if self._drafting_is_free(len(rows)):
             return math.inf
         _, theta = drafting_goodput(*self._goodput_problem(rows, chosen, depths))
         return float(theta[-1] / theta[0]) - 1.0
 
-    def _drafting_is_free(self, rows: torch.Tensor) -> bool:
-        """Whether drafting a whole block for ``rows`` costs nothing that skipping would save (prompt lookup)."""
-        return self.avoidable_draft_time(rows.numel(), max(self.max_draft_tokens, 1)) <= 0
+    def _drafting_is_free(self, rows: int) -> bool:
+        """Whether drafting a whole block for ``rows`` rows costs nothing that skipping would save (prompt lookup)."""
+        return self.avoidable_draft_time(rows, max(self.max_draft_tokens, 1)) <= 0
 
-    def _goodput_problem(self, rows: torch.Tensor, candidates: torch.Tensor, depths: torch.Tensor) -> tuple:
-        """The arguments of ``drafting_goodput`` and ``choose`` for drafting the ``candidates`` (BoolTensor[R]) of
-        ``rows``: their ρ·w_r·ĝ_r and round(λ_r), Σ w over ``rows``, R, T, and D at the candidates' deepest depth."""
-        drafted = rows[candidates]
-        prior = self.fallback.prior.get(self.band, rows.numel())
-        gains = self.priority[drafted] * self.shrunk_gain(drafted, prior) * self.fallback.prior.realised_ratio(self.band)
-        draft_time = functools.partial(self.resume_draft_time, batch=rows.numel(), depth=max(int(depths[candidates].max()), 1))
-        return gains, self.verify[drafted].round().long(), float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time, draft_time
+    def _goodput_problem(self, rows: list[int], candidates: list[bool], depths: list[int]) -> tuple:
+        """The arguments of ``drafting_goodput`` and ``choose`` for drafting the ``candidates`` of ``rows``: their
+        ρ·w_r·ĝ_r and round(λ_r), Σ w over ``rows``, R, T, and D at the candidates' deepest depth."""
+        drafted = [row for row, candidate in zip(rows, candidates) if candidate]
+        ratio = self.fallback.prior.realised_ratio(self.band)
+        shrunk = self.shrunk_gain(drafted, self.fallback.prior.get(self.band, len(rows)))
+        gains = torch.tensor([self.priority[row] * gain * ratio for row, gain in zip(drafted, shrunk)], dtype=torch.float64)
+        widths = torch.tensor([round(self.verify[row]) for row in drafted], dtype=torch.long)
+        deepest = max(max(depth for depth, candidate in zip(depths, candidates) if candidate), 1)
+        draft_time = functools.partial(self.resume_draft_time, batch=len(rows), depth=deepest)
+        return gains, widths, sum(self.priority[row] for row in rows), len(rows), self.cost_model.step_time, draft_time
 
     def avoidable_draft_time(self, rows: int, depth: int | None = None) -> float:
         """D(k): what drafting ``rows`` rows ``depth`` tokens deep (None: the whole block) adds to a step that drafts
@@ -499,94 +528,102 @@ class GoodputFallbackRun:
         """LongTensor[R] of draft depths, 0 for rows not drafted: the rows in the best predicted set (every row
         where drafting costs nothing avoidable), the rows never observed (when earlier generations say
         nothing about this batch size), and the rows due a probe get their ``depth``."""
-        key = self._choice_key(rows)
-        if key == self._idle_key:
-            return torch.zeros(rows.numel(), dtype=torch.long)
+        rows = rows.tolist()
+        if self._choice_key(rows) == self._idle_key:
+            return torch.zeros(len(rows), dtype=torch.long)
         chosen, probes, depths = self._choice(rows)
-        cap = self.probe_interval_cap(rows.numel(), max(int(depths.max()), 1))
-        # A re-probe of a row its estimate keeps out waits twice as long for the next (a first probe only measures
-        # the row: the prior's wait stands); a row back in starts over.
-        backed_off = rows[probes & (self.own_steps[rows] > 0)]
-        self.interval[backed_off] = (2 * self.interval[backed_off]).clamp_max(cap)
-        self.interval[rows[chosen]] = self.fallback.probe_after
-        self.fallback.prior.remember_probe_interval(self.band, rows.numel(), int(self.interval[rows].min()))
-        drafting = chosen | probes
-        self._idle_key = None if bool(drafting.any()) else self._choice_key(rows)
-        return torch.where(drafting, depths, 0)
+        cap = self.probe_interval_cap(len(rows), max(max(depths), 1))
+        for row, is_chosen, is_probe in zip(rows, chosen, probes):
+            if is_chosen:  # a row back in starts over
+                self.interval[row] = self.fallback.probe_after
+            elif is_probe and self.own_steps[row] > 0:
+                # A re-probe of a row its estimate keeps out waits twice as long for the next (a first probe only
+                # measures the row: the prior's wait stands).
+                self.interval[row] = min(2 * self.interval[row], cap)
+        self.fallback.prior.remember_probe_interval(self.band, len(rows), min(self.interval[row] for row in rows))
+        drafting = [is_chosen or is_probe for is_chosen, is_probe in zip(chosen, probes)]
+        self._idle_key = None if any(drafting) else self._choice_key(rows)
+        return torch.tensor([depth if drafts else 0 for depth, drafts in zip(depths, drafting)], dtype=torch.long)
 
-    def _choice(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _choice(self, rows: list[int]) -> tuple[list[bool], list[bool], list[int]]:
         """(chosen, probes, depths) for ``rows``: the rows in the best predicted set, the rows to probe (never observed,
-        or due and a probe could pay, or due at all in a probed generation's first step), BoolTensors[R], and every
-        row's ``depth``. Rows new to the run take the prior's estimate first, the only change it makes."""
-        prior = self.fallback.prior.get(self.band, rows.numel())
-        new = rows[~self.observed[rows]]
-        if prior is not None and new.numel() > 0:
-            self.gain[new], self.verify[new], self.observed[new] = prior[0], prior[1], True
-        observed = self.observed[rows]
-        chosen = torch.zeros(rows.numel(), dtype=torch.bool)
+        or due and a probe could pay, or due at all in a probed generation's first step), and every row's ``depth``.
+        Rows new to the run take the prior's estimate first, the only change it makes."""
+        prior = self.fallback.prior.get(self.band, len(rows))
+        if prior is not None:
+            for row in rows:
+                if not self.observed[row]:
+                    self.gain[row], self.verify[row], self.observed[row] = prior[0], prior[1], True
+        observed = [self.observed[row] for row in rows]
+        chosen = [False] * len(rows)
         depths = self.depth(rows)
-        deepest = max(int(depths.max()), 1)  # a cost model prices depths >= 1
-        if self._drafting_is_free(rows):
+        deepest = max(max(depths), 1)  # a cost model prices depths >= 1
+        if self._drafting_is_free(len(rows)):
             # Skipping would only stop the row from being measured, so every row is drafted for and the scheduler
             # alone decides what to verify.
-            chosen[:] = True
-        elif bool(observed.any()):
-            chosen[observed] = self.fallback.choose(*self._goodput_problem(rows, observed, depths))
-        due = ~chosen & self._due(rows)
-        if bool(due.any()) and not self._probed_generation:
-            if not self._a_probe_could_pay(rows, self.probe_interval_cap(rows.numel(), deepest), deepest):
-                due[:] = False
-        return chosen, ~observed | due, depths
+            chosen = [True] * len(rows)
+        elif any(observed):
+            picked = self.fallback.choose(*self._goodput_problem(rows, observed, depths))
+            if not isinstance(picked, torch.Tensor) or tuple(picked.shape) != (sum(observed),):
+                raise TypeError(f"{type(self.fallback).__name__}.choose must return a BoolTensor[{sum(observed)}], got {picked!r}")
+            picked = iter(picked.tolist())
+            chosen = [is_observed and bool(next(picked)) for is_observed in observed]
+        due = [not is_chosen and is_due for is_chosen, is_due in zip(chosen, self._due(rows))]
+        if any(due) and not self._probed_generation:
+            if not self._a_probe_could_pay(rows, self.probe_interval_cap(len(rows), deepest), deepest):
+                due = [False] * len(rows)
+        return chosen, [not is_observed or is_due for is_observed, is_due in zip(observed, due)], depths
 
-    def shrunk_gain(self, rows: torch.Tensor, prior: tuple[float, float] | None) -> torch.Tensor:
-        """DoubleTensor: g_r of ``rows`` pulled towards the prior's g by ``prior_weight`` pseudo-steps against the
-        row's own drafted steps, counted up to the smoothing's horizon (2 − α)/α (module docstring)."""
+    def shrunk_gain(self, rows: list[int], prior: tuple[float, float] | None) -> list[float]:
+        """ĝ_r of ``rows``: g_r pulled towards the prior's g by ``prior_weight`` pseudo-steps against the row's own
+        drafted steps, counted up to the smoothing's horizon (2 − α)/α (module docstring)."""
         if prior is None or self.fallback.prior_weight == 0:
-            return self.gain[rows]
-        alpha = self.fallback.smoothing
-        own = self.own_steps[rows].clamp_max((2 - alpha) / alpha)
-        return (own * self.gain[rows] + self.fallback.prior_weight * prior[0]) / (own + self.fallback.prior_weight)
+            return [self.gain[row] for row in rows]
+        horizon, weight = (2 - self.fallback.smoothing) / self.fallback.smoothing, self.fallback.prior_weight
+        return [(min(self.own_steps[row], horizon) * self.gain[row] + weight * prior[0]) / (min(self.own_steps[row], horizon) + weight) for row in rows]
 
-    def depth(self, rows: torch.Tensor) -> torch.Tensor:
-        """LongTensor[R]: how many tokens to draft for each of ``rows`` if drafted (``depth_margin``): γ for every
-        row where a whole block costs at most ``_PROBE_BUDGET`` of a one-token step more than the shallowest
-        depth (savings that small are not worth cutting a long match short)."""
+    def depth(self, rows: list[int]) -> list[int]:
+        """How many tokens to draft for each of ``rows`` if drafted (``depth_margin``): γ for every row where a whole
+        block costs at most ``_PROBE_BUDGET`` of a one-token step more than the shallowest depth (savings that small
+        are not worth cutting a long match short)."""
         margin, gamma = self.fallback.depth_margin, self.max_draft_tokens
-        whole_block = torch.full((rows.numel(),), gamma, dtype=torch.long)
+        whole_block = [gamma] * len(rows)
         if margin is None:
             return whole_block
-        # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
-        margin = torch.where(self.own_steps[rows] % self.fallback.probe_after == 0, margin, 0)
-        by_verified = (self.verify[rows] - 1e-9).ceil().long() + margin
-        depths = torch.where(self.observed[rows], by_verified.clamp(1, gamma), gamma)
-        count, block = rows.numel(), max(gamma, 1)
-        extra = self.cost_model.draft_time(count, block) - self.cost_model.draft_time(count, max(int(depths.min()), 1))
+        depths = [
+            # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
+            min(max(math.ceil(self.verify[row] - 1e-9) + (margin if self.own_steps[row] % self.fallback.probe_after == 0 else 0), 1), gamma)
+            if self.observed[row] else gamma
+            for row in rows
+        ]
+        count, block = len(rows), max(gamma, 1)
+        extra = self.cost_model.draft_time(count, block) - self.cost_model.draft_time(count, max(min(depths), 1))
         return whole_block if extra <= _PROBE_BUDGET * self.cost_model.step_time(count, 1) else depths
 
-    def _due(self, rows: torch.Tensor) -> torch.Tensor:
-        """BoolTensor[R]: the rows due a probe: never measured in this generation, or skipped for their wait."""
-        return (self.own_steps[rows] == 0) | (self.skipped[rows] >= self.interval[rows])
+    def _due(self, rows: list[int]) -> list[bool]:
+        """Per row of ``rows``: due a probe, never measured in this generation or skipped for its wait."""
+        return [self.own_steps[row] == 0 or self.skipped[row] >= self.interval[row] for row in rows]
 
-    def _choice_key(self, rows: torch.Tensor) -> tuple:
+    def _choice_key(self, rows: list[int]) -> tuple:
         """The batch, the rows due a probe, the idle time and the prior's version: with the skipped rows'
         estimates, everything a choice that drafts for no row reads that can change between steps."""
-        return tuple(rows.tolist()), tuple(self._due(rows).tolist()), self.idle_seconds, self.fallback.prior.version
+        return tuple(rows), tuple(self._due(rows)), self.idle_seconds, self.fallback.prior.version
 
-    def _a_probe_could_pay(self, rows: torch.Tensor, probe_interval_cap: int, depth: int) -> bool:
+    def _a_probe_could_pay(self, rows: list[int], probe_interval_cap: int, depth: int) -> bool:
         """Whether drafting one row ``depth`` deep that gains as much as the best row ever did here would pay, at a
         probe's ``probe_draft_time`` (True while
         fewer than ``_CEILING_EVIDENCE`` drafted rows were seen here, and where probing every ``probe_after``
         steps stays within ``_PROBE_BUDGET``, which ``probe_interval_cap`` (this step's) says: such probes are too
         cheap to give up)."""
-        ceiling = self.fallback.prior.ceiling(self.band, rows.numel())
-        if ceiling is None or self.fallback.prior.evidence(self.band, rows.numel()) < _CEILING_EVIDENCE:
+        ceiling = self.fallback.prior.ceiling(self.band, len(rows))
+        if ceiling is None or self.fallback.prior.evidence(self.band, len(rows)) < _CEILING_EVIDENCE:
             return True
         if probe_interval_cap <= self.fallback.probe_after:
             return True
-        gain = torch.tensor([ceiling[0] * float(self.priority[rows].max())], dtype=torch.float64)
+        gain = torch.tensor([ceiling[0] * max(self.priority[row] for row in rows)], dtype=torch.float64)
         return bool(self.fallback.choose(
-            gain, torch.tensor([round(ceiling[1])]), float(self.priority[rows].sum()), rows.numel(), self.cost_model.step_time,
-            functools.partial(self.probe_draft_time, batch=rows.numel(), depth=depth),
+            gain, torch.tensor([round(ceiling[1])]), sum(self.priority[row] for row in rows), len(rows), self.cost_model.step_time,
+            functools.partial(self.probe_draft_time, batch=len(rows), depth=depth),
         )[0])
 
     def observe(self, record: StepRecord) -> None:
@@ -594,27 +631,32 @@ class GoodputFallbackRun:
         skipped; on a step that drafted for no row, keep the least ``draft_seconds`` as the idle time; on the first
         pass after unread columns (the prompt, skipped steps), learn the catch-up per row and column from what the
         pass took over the cost model's ``draft_time``."""
-        rows, verify_lengths = record.rows, record.verify_lengths
-        drafted = record.drafted > 0 if record.drafted_for is None else record.drafted_for
-        alpha, index = self.fallback.smoothing, rows[drafted]
+        rows = record.rows.tolist()
+        drafted = (record.drafted > 0 if record.drafted_for is None else record.drafted_for).tolist()
         self.steps_left -= 1
-        if index.numel() == 0:
+        if not any(drafted):
             self.idle_seconds = record.draft_seconds if self.idle_seconds is None else min(self.idle_seconds, record.draft_seconds)
             self.skipped_steps += 1
-        else:
-            unread = self.unread_prompt_columns + self.skipped_steps
-            if unread > 0:
-                extra = max(record.draft_seconds - self.cost_model.draft_time(index.numel(), max(int(record.drafted.max()), 1)), 0.0)
-                self.fallback.prior.remember_catch_up(extra / (unread * rows.numel()))
-            self.unread_prompt_columns = self.skipped_steps = 0
-            self._probed_generation = False  # its first probe is done: later ones are judged as usual
-        gains = verified_gain(record)
-        self.own_steps[index] += 1
-        weight = _new_step_weight(self.own_steps[index], alpha)
-        for estimate, value in ((self.gain, gains[drafted]), (self.verify, verify_lengths[drafted].double())):
-            estimate[index] += weight * (value - estimate[index])
-        self.observed[index] = True
-        self.skipped[index] = 0
-        if index.numel() > 0:
-            self.fallback.prior.update(self.band, rows.numel(), gains[drafted], verify_lengths[drafted], record.accepted[drafted])
-        self.skipped[rows[~drafted]] += 1
+            for row in rows:
+                self.skipped[row] += 1
+            return
+        count = sum(drafted)
+        unread = self.unread_prompt_columns + self.skipped_steps
+        if unread > 0:
+            extra = max(record.draft_seconds - self.cost_model.draft_time(count, max(int(record.drafted.max()), 1)), 0.0)
+            self.fallback.prior.remember_catch_up(extra / (unread * len(rows)))
+        self.unread_prompt_columns = self.skipped_steps = 0
+        self._probed_generation = False  # its first probe is done: later ones are judged as usual
+        gains, verify_lengths, accepted = verified_gain(record).tolist(), record.verify_lengths.tolist(), record.accepted.tolist()
+        outcomes = []  # (gain, verify length, accepted) of each drafted row
+        for row, drafts, gain, verify_length, accepted_count in zip(rows, drafted, gains, verify_lengths, accepted):
+            if not drafts:
+                self.skipped[row] += 1
+                continue
+            self.own_steps[row] += 1
+            weight = _new_step_weight(self.own_steps[row], self.fallback.smoothing)
+            self.gain[row] += weight * (gain - self.gain[row])
+            self.verify[row] += weight * (verify_length - self.verify[row])
+            self.observed[row], self.skipped[row] = True, 0
+            outcomes.append((gain, verify_length, accepted_count))
+        self.fallback.prior.update(self.band, len(rows), *zip(*outcomes))
