@@ -407,6 +407,22 @@ class CountingFallback(GoodputFallback):
         return super().choose(*arguments)
 
 
+@attrs.frozen
+class OneAnswerFallback(GoodputFallback):
+    """GoodputFallback whose rule answers one flag whatever the number of candidates."""
+
+    def choose(self, *arguments):
+        return torch.tensor([True])
+
+
+def test_a_choose_answer_not_shaped_like_its_candidates_is_refused():
+    """An overridden choose must return one flag per candidate row: a wrong shape is a TypeError naming it."""
+    fallback = OneAnswerFallback()
+    fallback.prior.update("greedy", 2, [0.5, 0.5], [1, 1])  # both rows start observed, so both are candidates
+    with pytest.raises(TypeError, match=r"OneAnswerFallback.choose must return a BoolTensor\[2\]"):
+        fallback.start(start(2), Costs(draft_row=0.1))
+
+
 def test_a_choice_to_draft_nothing_stands_until_what_it_read_changes():
     """Once no row is worth drafting, later steps reuse that choice without evaluating the rule, until the idle
     time or the prior changes or a row is due a probe; then the rule is evaluated again."""

@@ -171,23 +171,21 @@ def drafting_goodput(
     predicted goodput of drafting its first k, k = 0..n (module docstring). ``gains`` [n]: w_r·g_r;
     ``widths`` [n]: round(λ_r); ``base``: Σ_r w_r over all ``rows`` rows of the forward. CPU tensors."""
     _check_rows_problem(gains, widths, rows)
-    order, gained, seconds = _goodput_terms(gains.tolist(), widths.tolist(), rows, step_time, draft_time)
-    return torch.tensor(order, dtype=torch.long), (base + torch.tensor(gained, dtype=gains.dtype)) / torch.tensor(seconds, dtype=gains.dtype)
+    order, theta = _goodput_curve(gains.tolist(), widths.tolist(), base, rows, step_time, draft_time)
+    return torch.tensor(order, dtype=torch.long), torch.tensor(theta, dtype=gains.dtype)
 
 
-def _goodput_terms(
-    gains: list[float], widths: list[int], rows: int, step_time: Callable[[int, int], float], draft_time: Callable[[int], float]
-) -> tuple[list[int], list[float], list[float]]:
-    """``drafting_goodput`` on host lists, the numerator's gains and the denominator's seconds apart: (order,
-    Σ of the first k gains in that order, D(k) + T(R, 1 + their widest), k = 0..n). In plain Python, because
-    the choice runs before every step on a handful of rows, where a tensor op costs more than its arithmetic."""
+def _goodput_curve(
+    gains: list[float], widths: list[int], base: float, rows: int, step_time: Callable[[int, int], float], draft_time: Callable[[int], float]
+) -> tuple[list[int], list[float]]:
+    """``drafting_goodput`` on host lists. In plain Python, because the choice runs before every step on a handful of
+    rows, where a tensor op costs more than its arithmetic."""
     order = sorted(range(len(gains)), key=gains.__getitem__, reverse=True)  # a stable sort: ties keep the smaller index first
-    gained, reach, seconds = [0.0], 0, [step_time(rows, 1)]
+    gained, reach, theta = 0.0, 0, [base / step_time(rows, 1)]
     for count, row in enumerate(order, start=1):
-        gained.append(gained[-1] + gains[row])
-        reach = max(reach, widths[row])
-        seconds.append(draft_time(count) + step_time(rows, 1 + reach))
-    return order, gained, seconds
+        gained, reach = gained + gains[row], max(reach, widths[row])
+        theta.append((base + gained) / (draft_time(count) + step_time(rows, 1 + reach)))
+    return order, theta
 
 
 def best_drafted_rows(
@@ -201,8 +199,7 @@ def best_drafted_rows(
     paying = [index for index, value in enumerate(values) if value > 0]
     chosen = [False] * len(values)
     if paying:
-        order, gained, seconds = _goodput_terms([values[i] for i in paying], [reaches[i] for i in paying], rows, step_time, draft_time)
-        theta = [(base + numerator) / denominator for numerator, denominator in zip(gained, seconds)]
+        order, theta = _goodput_curve([values[index] for index in paying], [reaches[index] for index in paying], base, rows, step_time, draft_time)
         for position in order[: theta.index(max(theta))]:
             chosen[paying[position]] = True
     return torch.tensor(chosen, dtype=torch.bool)
