@@ -8,7 +8,8 @@ rows at every c and both drafters (the shipped
 semi-autoregressive drafter with its calibrated estimator; prompt lookup with the calibrated
 logistic model of its signals), greedy and/or at temperature 1:
 
-* plain decoding (nothing drafted), MTP-1 (``FixedLength(1)``), fixed γ (every drafted token),
+* plain decoding (nothing drafted), plain decoding again (``plain_again``, an A/A control: not a static policy,
+  its ratio to plain decoding is the machine's noise), MTP-1 (``FixedLength(1)``), fixed γ (every drafted token),
   threshold (``Threshold(0.5)`` on the calibrated survival), vLLM's argmax rule, DSpark
   (``HardwareAwareScheduler``, column-wise admission), DSpark with the paper's candidate-wise
   admission (``dspark_candidates``) and DSpark weighing rows by when they finish (``dspark_static``,
@@ -70,7 +71,9 @@ from dspark.verify import CalibrationFile, Threshold, calibrated_estimator
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STATIC = ("plain", "mtp1", "fixed_gamma", "threshold")
-POLICIES = (*STATIC, "vllm_rule", "dspark", "dspark_candidates", "dspark_static")
+#: ``plain_again`` is plain decoding timed a second time, as a policy of its own: its ratio to plain decoding, which
+#: ought to be 1, is what the machine's noise alone makes of two runs of one policy (an A/A control).
+POLICIES = (*STATIC, "plain_again", "vllm_rule", "dspark", "dspark_candidates", "dspark_static")
 DRAFTERS = ("shipped", "prompt_lookup")
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
@@ -118,6 +121,7 @@ def _policies(target, drafter, make_confidence, gamma, names) -> dict:
 
     builders = {
         "plain": lambda: strategies.autoregressive(drafter),
+        "plain_again": lambda: strategies.autoregressive(drafter),
         "mtp1": lambda: strategies.mtp1(drafter),
         "fixed_gamma": lambda: strategies.fixed_length(drafter, gamma),
         "threshold": lambda: dspark.Strategy(drafter=drafter, policy=Threshold(0.5), confidence=make_confidence(), max_draft_tokens=gamma),

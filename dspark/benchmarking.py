@@ -22,7 +22,7 @@ __all__ = ["across_categories", "first_difference", "generated_tokens", "load_ta
 
 #: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names; any other keeps its own name.
 _POLICY_TITLES = {
-    "mtp1": "MTP-1", "fixed_gamma": "fixed γ", "threshold": "threshold", "vllm_rule": "vLLM rule", "dspark": "DSpark",
+    "plain_again": "plain again", "mtp1": "MTP-1", "fixed_gamma": "fixed γ", "threshold": "threshold", "vllm_rule": "vLLM rule", "dspark": "DSpark",
     "dspark_candidates": "DSpark (candidates)", "dspark_static": "DSpark (static)",
 }
 
@@ -104,8 +104,9 @@ _MISSING = "–"
 def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     """One drafter's part of a ``benchmarks/bench_load.py`` report as an RST table, a row per concurrency c: each
     policy's speed over plain decoding, then DSpark's over the best static policy and over the vLLM rule, its ratio
-    to plain decoding in each timed round (where the report keeps rounds: their spread is the machine's noise), τ
-    and its mean verify length ℓ. A cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where the
+    to plain decoding in each timed round (where the report keeps rounds: their spread is the machine's noise) and,
+    where the report holds the A/A control ``plain_again``, that control's ratio in each round, then DSpark's τ and its
+    mean verify length ℓ. A cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where the
     report has none. ``prefix`` ``"decode_"`` gives the ratios of decoding alone."""
     if prefix not in ("", "decode_"):
         raise ValueError(f"prefix must be '' or 'decode_', got {prefix!r}")
@@ -134,6 +135,8 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
             columns["DSpark/vLLM"] = lambda entries: f"{entries['dspark'][prefix + 'vs_plain'] / entries['vllm_rule'][prefix + 'vs_plain']:.2f}"
         if any(prefix + "vs_plain_rounds" in entries.get("dspark", {}) for entries in settings):
             columns["DSpark by round"] = lambda entries: ", ".join(f"{ratio:.2f}" for ratio in entries["dspark"][prefix + "vs_plain_rounds"])
+            if "plain_again" in measured:
+                columns["A/A by round"] = lambda entries: ", ".join(f"{ratio:.2f}" for ratio in entries["plain_again"][prefix + "vs_plain_rounds"])
         columns["DSpark τ"] = lambda entries: f"{entries['dspark']['tau']:.2f}"
         columns["DSpark ℓ"] = lambda entries: f"{entries['dspark']['mean_verify_length']:.2f}"
     header = ["c", *columns]

@@ -105,6 +105,19 @@ def test_load_table_marks_what_a_cut_or_older_report_lacks():
     assert "DSpark by round" not in load_table(report, "shipped")
 
 
+def test_load_table_shows_the_a_a_control_and_its_rounds():
+    """A report with plain decoding timed twice shows that control's ratio as a policy column and its ratio in each round."""
+    report = _load_report()
+    for by_c in report["results"]["shipped"].values():
+        for entries in by_c.values():
+            entries["plain_again"] = _load_entry(0.99, [0.97, 1.01])
+    lines = load_table(report, "shipped").splitlines()
+    header = _cells(lines[1])
+    assert header[1] == "plain again" and header[header.index("DSpark by round") + 1] == "A/A by round"
+    row = _cells(lines[3])
+    assert row[1] == "0.99 / 0.99" and row[header.index("A/A by round")] == "0.97, 1.01 / 0.97, 1.01"
+
+
 def test_load_table_refuses_what_it_cannot_show():
     """An unknown drafter or prefix is a ValueError naming it."""
     with pytest.raises(ValueError, match="'prompt_lookup'"):
