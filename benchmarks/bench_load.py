@@ -23,7 +23,10 @@ logistic model of its signals), greedy and/or at temperature 1:
 * the same ratios for decoding alone (``decode_*``: the steps' own times from the step records, so
   the prompt's processing, which dominates short runs at large c, is left out); with ``--repeats N``
   every time is the median of N timed rounds, and each round's tokens/s and ratio to plain decoding in that
-  round are kept (``round_*``, ``*_vs_plain_rounds``: their spread is the machine's noise); a round times every policy on each batch in turn, so
+  round are kept (``round_*``, ``*_vs_plain_rounds``: their spread is the machine's noise), and each batch's tokens/s
+  in each round (``round_batch_tokens_per_s``), with the median of the ratios to plain decoding on the same batch in
+  the same round (``paired_*``, ``dspark.benchmarking.paired_ratio``: one generation that a burst of the machine's
+  other work slowed does not move it); a round times every policy on each batch in turn, so
   that drift in the machine's speed hits every policy alike, in an order drawn anew (seeded) at every
   batch, so that no policy always runs after the same one (what ran before changes what the caches
   and the allocator hold);
@@ -62,7 +65,7 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained, strategies
-from dspark.benchmarking import across_categories, generated_tokens, write_json
+from dspark.benchmarking import across_categories, generated_tokens, paired_ratio, write_json
 from dspark.drafters import PromptLookupDrafter
 from dspark.pretrained import encode_chat
 from dspark.training.data import eval_prompts
@@ -146,9 +149,12 @@ def _timed(model, batch, sampling, max_new_tokens) -> tuple[float, float, object
     return wall, sum(record.draft_seconds + record.verify_seconds for record in result.stats.records), result
 
 
-def _entry(target, batches: list, walls: list[float], decodes: list[float], round_tokens: list[int], results: list) -> tuple[dict, list]:
+def _entry(
+    target, batches: list, walls: list[float], decodes: list[float], round_tokens: list[int], batch_rates: list[list[float]], results: list
+) -> tuple[dict, list]:
     """A policy's medians over its timed rounds (each the sum over the batches), each round's tokens/s (wall and
-    decoding alone), τ and the verify length over its last round's batches, and its tokens."""
+    decoding alone) and each batch's in each round (``batch_rates``, wall), τ and the verify length over its last
+    round's batches, and its tokens."""
     seconds, decode_seconds = statistics.median(walls), statistics.median(decodes)
     rows = batches[0]["input_ids"].shape[0]
     records = [record for result in results for record in result.stats.records]
@@ -171,6 +177,7 @@ def _entry(target, batches: list, walls: list[float], decodes: list[float], roun
         "batches": len(batches),
         "round_tokens_per_s": [count / wall for count, wall in zip(round_tokens, walls)],
         "round_decode_tokens_per_s": [count / decode for count, decode in zip(round_tokens, decodes)],
+        "round_batch_tokens_per_s": batch_rates,
     }
     return entry, tokens
 
@@ -185,7 +192,7 @@ def _run_setting(target, policies: dict, batches: list, sampling, max_new_tokens
         # that shape, profiled the first time): every batch, since each may have another prompt length.
         for batch in batches:
             _timed(model, batch, sampling, 4)
-    rounds = {name: [] for name in models}  # per round: (wall, decode, results), summed over the batches
+    rounds = {name: [] for name in models}  # per round: (wall, decode, results, each batch's tokens/s), summed over the batches
     names = list(models)
     for round_index in range(repeats):
         timed = {name: [] for name in models}
@@ -198,12 +205,13 @@ def _run_setting(target, policies: dict, batches: list, sampling, max_new_tokens
                 timed[name].append(_timed(models[name], batch, sampling, max_new_tokens))
         for name, runs in timed.items():
             walls, decodes, results = zip(*runs)
-            rounds[name].append((sum(walls), sum(decodes), list(results)))
+            rates = [result.stats.new_tokens / wall for wall, result in zip(walls, results)]
+            rounds[name].append((sum(walls), sum(decodes), list(results), rates))
     entries, tokens = {}, {}
     for name, timed_rounds in rounds.items():
-        walls, decodes, results = zip(*timed_rounds)
+        walls, decodes, results, rates = zip(*timed_rounds)
         round_tokens = [sum(result.stats.new_tokens for result in round_results) for round_results in results]
-        entries[name], tokens[name] = _entry(target, batches, list(walls), list(decodes), round_tokens, results[-1])
+        entries[name], tokens[name] = _entry(target, batches, list(walls), list(decodes), round_tokens, list(rates), results[-1])
         bar.update(1)
     return entries, tokens
 
@@ -332,6 +340,12 @@ def main(argv: list[str] | None = None) -> dict:
                     plain_decode = entries["plain"]["decode_tokens_per_s"]
                     best_static_decode = max(entries[name]["decode_tokens_per_s"] for name in static)
                     for entry in entries.values():
+                        entry["paired_vs_plain"], entry["paired_vs_plain_rounds"] = paired_ratio(
+                            entry["round_batch_tokens_per_s"], entries["plain"]["round_batch_tokens_per_s"]
+                        )
+                    best_static_paired = max(entries[name]["paired_vs_plain"] for name in static)
+                    for entry in entries.values():
+                        entry["paired_vs_best_static"] = entry["paired_vs_plain"] / best_static_paired
                         entry["vs_plain"] = entry["aggregate_tokens_per_s"] / plain
                         entry["vs_best_static"] = entry["aggregate_tokens_per_s"] / best_static
                         entry["decode_vs_plain"] = entry["decode_tokens_per_s"] / plain_decode

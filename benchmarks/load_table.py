@@ -4,6 +4,7 @@ static policy and over the vLLM rule, its ratio in each timed round, τ and ℓ 
 
     python benchmarks/load_table.py benchmarks/results/bench_load_pace_held_c1_4.json
     python benchmarks/load_table.py benchmarks/results/bench_load_pace_held_c1_4.json --decode
+    python benchmarks/load_table.py REPORT --paired
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from dspark.benchmarking import load_table
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("report", type=Path, help="a bench_load.py JSON report")
-    parser.add_argument("--decode", action="store_true", help="ratios of decoding alone (the steps' own times), not wall time")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--decode", action="store_true", help="ratios of decoding alone (the steps' own times), not wall time")
+    kind.add_argument("--paired", action="store_true", help="medians of the ratios on each batch (reports that keep them), not ratios of sums")
     args = parser.parse_args(argv)
     report = json.loads(args.report.read_text())
+    prefix, title = ("decode_", "decoding alone") if args.decode else ("paired_", "wall time, medians of per-batch ratios") if args.paired else ("", "wall time")
     for drafter in report["results"]:
-        print(f"{drafter}, {' / '.join(report['results'][drafter])}, {'decoding alone' if args.decode else 'wall time'}:\n")
-        print(load_table(report, drafter, "decode_" if args.decode else ""))
+        print(f"{drafter}, {' / '.join(report['results'][drafter])}, {title}:\n")
+        print(load_table(report, drafter, prefix))
 
 
 if __name__ == "__main__":

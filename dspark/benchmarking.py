@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 import dspark
 
-__all__ = ["across_categories", "first_difference", "generated_tokens", "load_table", "run_strategy", "sweep", "write_json"]
+__all__ = ["across_categories", "first_difference", "generated_tokens", "load_table", "paired_ratio", "run_strategy", "sweep", "write_json"]
 
 #: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names; any other keeps its own name.
 _POLICY_TITLES = {
@@ -101,15 +101,28 @@ def sweep(model, settings: list[tuple[str, object]], prompts, max_new_tokens) ->
 _MISSING = "–"
 
 
+def paired_ratio(mine: list[list[float]], theirs: list[list[float]]) -> tuple[float, list[float]]:
+    """How much faster one policy ran than another on the same batches: with x_{i,b} and y_{i,b} their tokens/s on
+    batch b of timed round i (``mine``, ``theirs``: a list per round of a value per batch, each batch run by both in
+    that round), (median over every i and b of x_{i,b} / y_{i,b}, [median over b of x_{i,b} / y_{i,b} for each round
+    i]). A median of paired ratios, where a ratio of sums lets one generation slowed by a burst of another tenant's
+    work weigh on its whole round."""
+    if len(mine) != len(theirs) or not mine or any(len(row) != len(other) or not row for row, other in zip(mine, theirs)):
+        raise ValueError(f"mine and theirs must hold as many rounds, each of as many batches (at least one), got {mine!r} and {theirs!r}")
+    ratios = [[x / y for x, y in zip(row, other)] for row, other in zip(mine, theirs)]
+    return statistics.median(ratio for row in ratios for ratio in row), [statistics.median(row) for row in ratios]
+
+
 def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     """One drafter's part of a ``benchmarks/bench_load.py`` report as an RST table, a row per concurrency c: each
     policy's speed over plain decoding, then DSpark's over the best static policy and over the vLLM rule, its ratio
     to plain decoding in each timed round (where the report keeps rounds: their spread is the machine's noise) and,
     where the report holds the A/A control ``plain_again``, that control's ratio in each round, then DSpark's τ and its
     mean verify length ℓ. A cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where the
-    report has none. ``prefix`` ``"decode_"`` gives the ratios of decoding alone."""
-    if prefix not in ("", "decode_"):
-        raise ValueError(f"prefix must be '' or 'decode_', got {prefix!r}")
+    report has none. ``prefix`` ``"decode_"`` gives the ratios of decoding alone, ``"paired_"`` the medians of
+    per-batch ratios (``paired_ratio``)."""
+    if prefix not in ("", "decode_", "paired_"):
+        raise ValueError(f"prefix must be '', 'decode_' or 'paired_', got {prefix!r}")
     by_mode = report["results"].get(drafter)
     if not by_mode:
         raise ValueError(f"drafter {drafter!r} is not in the report; it has {sorted(report['results'])}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark.benchmarking import across_categories, first_difference, generated_tokens, load_table, run_strategy, write_json
+from dspark.benchmarking import across_categories, first_difference, generated_tokens, load_table, paired_ratio, run_strategy, write_json
 from dspark.drafters import PromptLookupDrafter
 from dspark.strategies import autoregressive
 from tests.conftest import left_padded_batch
@@ -58,6 +58,7 @@ def _load_entry(vs_plain: float, rounds: list[float], tau: float = 1.0, verify: 
     return {
         "vs_plain": vs_plain, "vs_best_static": vs_plain / 1.25, "decode_vs_plain": vs_plain + 0.5, "decode_vs_best_static": vs_plain / 2,
         "vs_plain_rounds": rounds, "decode_vs_plain_rounds": [ratio + 0.5 for ratio in rounds], "tau": tau, "mean_verify_length": verify,
+        "paired_vs_plain": vs_plain - 0.25, "paired_vs_best_static": vs_plain / 4, "paired_vs_plain_rounds": [ratio - 0.25 for ratio in rounds],
     }
 
 
@@ -116,6 +117,34 @@ def test_load_table_shows_the_a_a_control_and_its_rounds():
     assert header[1] == "plain again" and header[header.index("DSpark by round") + 1] == "A/A by round"
     row = _cells(lines[3])
     assert row[1] == "0.99 / 0.99" and row[header.index("A/A by round")] == "0.97, 1.01 / 0.97, 1.01"
+
+
+def test_load_table_reads_the_paired_medians():
+    """With the paired_ prefix every ratio column, the rounds included, reads the medians of per-batch ratios; τ and ℓ stay."""
+    row = _cells(load_table(_load_report(), "shipped", "paired_").splitlines()[3])
+    assert row == ["1", "1.00 / 1.10", "0.55 / 0.65", "0.79 / 0.89", "0.26 / 0.29", "1.44 / 1.37", "0.77, 0.81 / 0.77, 0.81", "1.30 / 1.40", "1.20 / 1.30"]
+
+
+def test_paired_ratio_is_the_median_of_per_batch_ratios():
+    """paired_ratio gives the median of x/y over every round and batch, and each round's median."""
+    overall, by_round = paired_ratio([[2.0, 3.0, 8.0], [1.0, 4.0, 5.0]], [[1.0, 2.0, 4.0], [1.0, 2.0, 2.0]])
+    assert overall == 2.0 and by_round == [2.0, 2.0]  # ratios 2, 1.5, 2 and 1, 2, 2.5
+
+
+def test_a_burst_on_one_batch_moves_the_ratio_of_sums_but_not_the_paired_median():
+    """One generation run at a fifth of its speed pulls the ratio of the round's sums far below 1; the paired median stays 1."""
+    seconds = [4.0, 4.0, 4.0, 4.0, 4.0]
+    burst = [4.0, 4.0, 20.0, 4.0, 4.0]
+    tokens = 64.0
+    overall, by_round = paired_ratio([[tokens / wall for wall in burst]], [[tokens / wall for wall in seconds]])
+    assert overall == 1.0 and by_round == [1.0] and sum(seconds) / sum(burst) == pytest.approx(0.555, abs=1e-3)
+
+
+def test_paired_ratio_refuses_rounds_or_batches_that_do_not_pair():
+    """Other numbers of rounds, of batches in a round, or none at all, are a ValueError naming both arguments."""
+    for mine, theirs in (([[1.0]], [[1.0], [1.0]]), ([[1.0, 2.0]], [[1.0]]), ([], []), ([[]], [[]])):
+        with pytest.raises(ValueError, match="mine and theirs"):
+            paired_ratio(mine, theirs)
 
 
 def test_load_table_refuses_what_it_cannot_show():
