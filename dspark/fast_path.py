@@ -57,6 +57,7 @@ __all__ = [
     "default_copy_budget",
     "linear_weights",
     "on_cpu",
+    "processor_name",
     "row_bucket",
 ]
 
@@ -245,13 +246,12 @@ def _cache_key(out_features: int, in_features: int, bucket: int, dtype: torch.dt
     return f"{out_features}x{in_features}|{bucket}|{str(dtype).removeprefix('torch.')}|{device_type}"
 
 
-def _machine_fingerprint() -> str:
-    """What a choice depends on besides the shape and device: PyTorch build, processor and threads. The
-    processor is its name, with family, model, stepping and last-level cache where Linux tells them:
-    virtual machines often name only the vendor's line ("AMD EPYC"), which covers processors whose
-    products rank differently."""
+def processor_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The host processor: its name, with family, model, stepping and last-level cache where Linux tells them
+    (``cpuinfo``; "AMD EPYC (cpu family 25, model 17, stepping 1), L3 32768K"). Virtual machines often name only the
+    vendor's line ("AMD EPYC"), which covers processors whose products rank differently and whose forwards take times
+    2.5x apart, so whatever caches timings keys them by this."""
     processor = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         fields: dict[str, str] = {}
         for line in cpuinfo.read_text().splitlines():
@@ -261,7 +261,13 @@ def _machine_fingerprint() -> str:
         details = ", ".join(f"{name} {fields[name]}" for name in ("cpu family", "model", "stepping") if name in fields)
         processor = f"{processor} ({details})" if details else processor
     cache = _last_level_cache()
-    return f"torch {torch.__version__} | {processor}{'' if cache is None else f', {cache}'} | {torch.get_num_threads()} threads"
+    return f"{processor}{'' if cache is None else f', {cache}'}"
+
+
+def _machine_fingerprint() -> str:
+    """What a choice depends on besides the shape and device: PyTorch build, processor (``processor_name``) and
+    threads."""
+    return f"torch {torch.__version__} | {processor_name()} | {torch.get_num_threads()} threads"
 
 
 def _last_level_cache() -> str | None:

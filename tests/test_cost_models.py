@@ -484,6 +484,18 @@ def test_mean_context_is_the_prompt_plus_half_the_new_tokens():
         _start(2, 800, 764)
 
 
+def test_profile_key_tells_processors_of_one_line_apart(target, tmp_path):
+    """Two processors that a virtual machine names alike ("AMD EPYC") but of other families are other devices in a
+    table's key: the key names the processor as fast_path.processor_name does, family and model included."""
+    names = []
+    for family, model in (("25", "17"), ("26", "2")):
+        cpuinfo = tmp_path / f"cpuinfo_{family}"
+        cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\nstepping\t: 1\n")
+        names.append(fast_path_module.processor_name(cpuinfo))
+    assert names[0].startswith("AMD EPYC (cpu family 25, model 17, stepping 1)") and names[1].startswith("AMD EPYC (cpu family 26, model 2, stepping 1)")
+    assert profile_key(target)["device"] == f"cpu {fast_path_module.processor_name()}"
+
+
 def test_profile_key_tells_cascades_apart_by_their_parts(target):
     """A cascade's table key counts its parts' parameters: cascades of other drafters never share a table."""
     from dspark.drafters import CascadeDrafter

@@ -32,7 +32,6 @@ import logging
 import math
 import numbers
 import os
-import platform
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from dspark.checks import check_format, check_int, check_seconds
 from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.cost_models.profiling import cost_curve, draft_curve
 from dspark.fast_path import REVISION as FAST_PATH_REVISION
-from dspark.fast_path import FastPath, on_cpu
+from dspark.fast_path import FastPath, on_cpu, processor_name
 from dspark.protocols import DRAFTER_HOOKS, drafter_modules, hook
 
 __all__ = [
@@ -293,12 +292,7 @@ def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda {torch.cuda.get_device_name(device)}"
     if device.type == "cpu":
-        processor = platform.processor()
-        cpuinfo = Path("/proc/cpuinfo")
-        if cpuinfo.is_file():
-            names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
-            processor = names[0] if names else processor
-        return f"cpu {processor}".strip()
+        return f"cpu {processor_name()}".strip()
     return device.type
 
 
