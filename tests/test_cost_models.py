@@ -122,12 +122,28 @@ def test_envelope_is_the_smallest_monotone_table_above_the_measurements(grid):
 
 
 def test_a_noisy_table_never_makes_a_larger_batch_cheaper():
-    """Measured dips (2 rows cheaper than 1, 4 tokens cheaper than 2) are raised to the smaller batch's time."""
-    table = CostTable(rows=(1, 2, 4), tokens=(1, 2, 4), step_seconds=[[0.05, 0.09, 0.07], [0.04, 0.10, 0.12], [0.20, 0.15, 0.30]])
-    assert monotone_envelope(table.step_seconds) == [[0.05, 0.09, 0.09], [0.05, 0.10, 0.12], [0.20, 0.20, 0.30]]
+    """Measured dips in rows (2 rows cheaper than 1) are raised to the smaller batch's time; step times keep their dips
+    in tokens (4 tokens cheaper than 2), which drafting times, monotone in depth, do not."""
+    seconds = [[0.05, 0.09, 0.07], [0.04, 0.10, 0.12], [0.20, 0.15, 0.30]]
+    table = CostTable(rows=(1, 2, 4), tokens=(1, 2, 4), step_seconds=seconds, draft_rows=(1, 2, 4), draft_depths=(1, 2, 4), draft_seconds=seconds)
+    assert monotone_envelope(seconds) == [[0.05, 0.09, 0.09], [0.05, 0.10, 0.12], [0.20, 0.20, 0.30]]
+    assert monotone_envelope(seconds, along_tokens=False) == [[0.05, 0.09, 0.07], [0.05, 0.10, 0.12], [0.20, 0.15, 0.30]]
     model = ProfiledCostModel(table)
-    assert model.step_time(2, 1) == 0.05 and model.step_time(1, 4) == 0.09 and model.step_time(4, 2) == 0.20
+    assert model.step_time(2, 1) == 0.05 and model.step_time(1, 4) == 0.07 and model.step_time(4, 2) == 0.15
     assert model.step_time(3, 1) == pytest.approx((0.05 + 0.20) / 2)  # bilinear between the raised points
+    assert model.draft_time(2, 1) == 0.05 and model.draft_time(1, 4) == 0.09 and model.draft_time(4, 2) == 0.20
+
+
+@PROPERTY
+@given(cost_grids(), st.lists(st.integers(1, 300), min_size=2, max_size=2), st.integers(1, 300))
+def test_profiled_step_times_are_monotone_in_rows_and_never_fall_beyond_the_token_grid(grid, pair, other):
+    """A profiled model's step time never decreases in rows anywhere, and beyond the token grid never in tokens."""
+    rows, tokens, seconds = grid
+    model = ProfiledCostModel(CostTable(rows=rows, tokens=tokens, step_seconds=seconds))
+    low, high = sorted(pair)
+    assert model.step_time(low, other) <= model.step_time(high, other) + 1e-12
+    beyond = max(tokens) + low, max(tokens) + high
+    assert model.step_time(other, beyond[0]) <= model.step_time(other, beyond[1]) + 1e-9
 
 
 def test_interpolation_is_bilinear_between_grid_points():
@@ -649,14 +665,14 @@ def _spells(model, slow_one_token_steps=(8, 12, 16)):
 
 def test_a_cell_seen_only_in_a_slow_spell_keeps_the_price_of_a_second_token():
     """A one-token cell seen only while the machine ran 1.4x slower is learnt at the usual pace, so a second token
-    keeps costing what the profile says; without the pace the one-token step is priced as dear as two tokens."""
+    keeps costing what the profile says; without the pace the one-token step is priced dearer than two tokens."""
     base = ProfiledCostModel(CostTable(rows=(4,), tokens=(1, 2), step_seconds=((0.030, 0.035),)))
     paced, steady = OnlineCorrectedCostModel(base), _steady(base)
     _spells(paced)
     _spells(steady)
     assert paced.step_time(4, 2) / paced.step_time(4, 1) > 1.1  # the profile's 1.17, less what the cells learnt before π caught up
     assert paced.step_time(4, 2) == pytest.approx(0.035, rel=0.01)
-    assert steady.step_time(4, 1) == steady.step_time(4, 2) == pytest.approx(0.042)
+    assert steady.step_time(4, 1) == pytest.approx(0.042) and steady.step_time(4, 2) < steady.step_time(4, 1)
 
 
 def test_an_observed_larger_batch_bounds_unobserved_cells_of_smaller_row_buckets():
@@ -733,17 +749,36 @@ def test_a_cell_seen_rarely_after_a_lasting_change_keeps_its_price_against_one_s
     st.sampled_from([0.1, 0.5, 1.0]),
 )
 def test_online_correction_stays_monotone_for_any_observations(grid, observations, smoothing):
-    """After any stream of observations over any (possibly noisy) base, step_time never decreases in rows or tokens."""
+    """After any stream of observations over any (possibly noisy) base, step_time never decreases in rows, and
+    draft_time in rows or depth."""
     rows, tokens, seconds = grid
-    model = OnlineCorrectedCostModel(ProfiledCostModel(CostTable(rows=rows, tokens=tokens, step_seconds=seconds)), smoothing=smoothing)
+    table = CostTable(rows=rows, tokens=tokens, step_seconds=seconds, draft_rows=rows, draft_depths=tokens, draft_seconds=seconds)
+    model = OnlineCorrectedCostModel(ProfiledCostModel(table), smoothing=smoothing)
     for row_count, token_count, observed in observations:
         model.observe_step(row_count, token_count, observed)
+        model.observe_draft(row_count, observed / 4, token_count)
     points_rows, points_tokens = (1, 2, 3, 5, 8, 16, 17, 24, 40), (1, 2, 3, 5, 9, 12)
-    values = [[model.step_time(r, t) for t in points_tokens] for r in points_rows]
-    for i, row in enumerate(values):
-        assert row == sorted(row)
-        if i:
-            assert all(upper >= lower for upper, lower in zip(row, values[i - 1]))
+    steps = [[model.step_time(r, t) for t in points_tokens] for r in points_rows]
+    drafts = [[model.draft_time(r, t) for t in points_tokens] for r in points_rows]
+    for i in range(1, len(points_rows)):
+        assert all(upper >= lower for upper, lower in zip(steps[i], steps[i - 1]))
+        assert all(upper >= lower for upper, lower in zip(drafts[i], drafts[i - 1]))
+    assert all(row == sorted(row) for row in drafts)
+
+
+def test_a_wider_step_observed_cheaper_than_a_narrower_one_is_priced_cheaper():
+    """Where two rows of one token took longer than two rows of three (a slow few-row product path), each observed
+    cell answers what its steps took, not the narrower one's price carried up; rows stay monotone, and an unobserved
+    two-token cell follows its narrower observed neighbour."""
+    base = ProfiledCostModel(CostTable(rows=(1, 2), tokens=(1, 2, 3), step_seconds=((0.046, 0.050, 0.051), (0.055, 0.055, 0.055))))
+    model = _steady(base, smoothing=0.5)
+    for _ in range(30):
+        model.observe_step(2, 1, 0.059)
+        model.observe_step(2, 3, 0.051)
+    assert model.step_time(2, 3) == pytest.approx(0.051, rel=1e-3) and model.step_time(2, 1) == pytest.approx(0.059, rel=1e-3)
+    assert model.step_time(2, 2) == pytest.approx(0.059, rel=1e-3)  # k of (2, 1), the widest observed narrower cell
+    assert model.step_time(3, 3) >= model.step_time(2, 3) and model.step_time(2, 1) >= model.step_time(1, 1)
+    assert model.step_time(1, 3) <= base.step_time(1, 3)  # unobserved: the least of the profile and g
 
 
 def test_online_draft_correction_learns_seconds_where_the_base_knows_none():

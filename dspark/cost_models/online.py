@@ -49,12 +49,21 @@ from its own observations, else the global seconds (learnt the same way without 
 prior of its first observations.
 
 A larger batch must never look cheaper, or a scheduler would verify more than it should, so the
-answer is the cumulative maximum of h over all (R', T') ≤ (R, T). Within a cell the correction
-is one number and t₀ is monotone, so that maximum is attained at one corner per cell — the
-smaller of the cell's top and the query along each axis — and it takes one base evaluation
+answer is the cumulative maximum of h over every R' ≤ R: at T's own token bucket for a step, over all
+(R', T') ≤ (R, T) for a drafting pass (a deeper pass runs the drafter's head more often, never less). Steps are
+not forced up along tokens because a wider forward can truly cost less: on a 2-core EPYC (family 25) the packed
+products of two rows streamed their weights slower than those of four or six, so a step of two rows and one token
+took longer in the loop than one of two rows and two or three tokens (52.5 against 49.4 and 47.9 ms,
+``benchmarks/results/bench_step_widths.json``). A maximum over tokens priced every wider step at least that dear
+narrow one; deep steps then looked nearly free beside the cheaper two and three tokens they were compared with, and
+the scheduler verified four and five tokens at two rows, whose steps took 58.5 and 56.5 ms.
+Each observed step cell answers what its steps took; one priced too low is chosen, so observed, and corrected. Within
+a cell the correction is one number and t₀ is monotone, so that maximum is attained at one corner per cell — the
+smaller of the cell's top and the query along each axis it runs over — and it takes one base evaluation
 per cell below the query. A cell never observed enters that maximum at no more than what any observed cell
-at or above it in both buckets answers, at that cell's least point at or above the corner: a forward over no more
-rows and tokens takes no longer than one measured on this machine, while the profile's entry for a cell no step
+at or above it in rows (and, for drafting, in depth; for a step, of its token bucket) answers, at that cell's least
+point at or above the corner: a forward over no more rows takes no longer than one measured on this machine, while
+the profile's entry for a cell no step
 observes may have been timed in a burst of another process's work, and through the maximum it would price every
 larger batch, an error no step could correct (at four rows, a profile's noisy one- and two-row one-token entries
 priced every skipped step above what the four-row steps took, so skipping looked dear and drafting paid on paper).
@@ -213,12 +222,18 @@ class _CorrectedSurface:
     """h = base·k·π per cell, answered as its cumulative maximum (module docstring). ``pace`` is shared by every
     surface of one model; only a surface that ``learns_pace`` (the steps') teaches it."""
 
-    def __init__(self, base: Callable[[int, int], float], smoothing: float, profile_caps_unobserved: bool, pace: _Pace, learns_pace: bool):
+    def __init__(
+        self, base: Callable[[int, int], float], smoothing: float, profile_caps_unobserved: bool, pace: _Pace, learns_pace: bool,
+        monotone_in_tokens: bool,
+    ):
         self.base = base
         self.smoothing = smoothing
         self.pace, self.learns_pace = pace, learns_pace
         # A step surface: an unobserved cell with no narrower observed cell takes at most the profile (module docstring).
         self.profile_caps_unobserved = profile_caps_unobserved
+        # The answer's cumulative maximum runs over rows, and over tokens only where this is set (drafting depths; module
+        # docstring): a wider step can truly cost less.
+        self.monotone_in_tokens = monotone_in_tokens
         self.cells: dict[tuple[int, int], _Cell] = {}
         self.overall = _Cell()  # g, smoothed from 1, and the global seconds, learnt without a prior
         self.overall.ratio, self.overall.seconds = _Learnt(smoothed=1.0), _Learnt()
@@ -325,7 +340,7 @@ class _CorrectedSurface:
         cells at or above it in both buckets, each at its least point at or above this one (module docstring)."""
         bound = self._bounds.get((key, rows, tokens))
         if bound is None:
-            above = [cell for cell in self.cells if cell[0] >= key[0] and cell[1] >= key[1]]
+            above = [cell for cell in self.cells if cell[0] >= key[0] and (cell[1] >= key[1] if self.monotone_in_tokens else cell[1] == key[1])]
             bound = min((self._usual(cell, max(rows, _lowest(cell[0])), max(tokens, _lowest(cell[1]))) for cell in above), default=math.inf)
             self._bounds[(key, rows, tokens)] = bound
         return bound
@@ -336,7 +351,8 @@ class _CorrectedSurface:
             return answer * self.pace.value
         # One corner per cell at or below the query's: the cell's top, or the query where the cell holds it.
         row_corners = [(bucket, min(bucket, rows)) for bucket in _buckets_up_to(rows)]
-        token_corners = [(bucket, min(bucket, tokens)) for bucket in _buckets_up_to(tokens)]
+        token_buckets = _buckets_up_to(tokens) if self.monotone_in_tokens else [row_bucket(tokens)]
+        token_corners = [(bucket, min(bucket, tokens)) for bucket in token_buckets]
         observed, unobserved = [], []
         for row_cell, row_count in row_corners:
             for token_cell, token_count in token_corners:
@@ -358,8 +374,9 @@ class OnlineCorrectedCostModel:
 
     ``smoothing`` α in (0, 1] is the weight of each new observation in a cell's correction;
     ``pace_smoothing`` β in (0, 1], that in the machine's pace π (its spells and its lasting changes), or None to assume a steady machine (π = 1;
-    module docstring). ``step_time``/``draft_time`` stay non-decreasing in rows and tokens whatever is
-    observed, given a base that is (every cost model in dspark is). The base's answers are cached
+    module docstring). ``step_time`` stays non-decreasing in rows and ``draft_time`` in rows and depth whatever is
+    observed, given a base that is (every cost model in dspark is); along tokens each observed step cell answers what
+    its steps took, so a wider step measured cheaper is priced cheaper. The base's answers are cached
     until its ``start`` hook (forwarded by ``start``) says they changed.
     """
 
@@ -385,8 +402,10 @@ class OnlineCorrectedCostModel:
         position, so greedy steps' corrections would price its wider forwards and deeper passes too low."""
         if sampled not in self._surfaces:
             self._surfaces[sampled] = (
-                _CorrectedSurface(self.base.step_time, self.smoothing, profile_caps_unobserved=True, pace=self._pace, learns_pace=True),
-                _CorrectedSurface(self.base.draft_time, self.smoothing, profile_caps_unobserved=False, pace=self._pace, learns_pace=False),
+                _CorrectedSurface(self.base.step_time, self.smoothing, profile_caps_unobserved=True, pace=self._pace, learns_pace=True,
+                                  monotone_in_tokens=False),
+                _CorrectedSurface(self.base.draft_time, self.smoothing, profile_caps_unobserved=False, pace=self._pace, learns_pace=False,
+                                  monotone_in_tokens=True),
             )
         self._steps, self._drafts = self._surfaces[sampled]
 
@@ -420,7 +439,7 @@ class OnlineCorrectedCostModel:
         self._drafts.observe(rows, depth, check_seconds("seconds", seconds))
 
     def step_time(self, rows: int, tokens: int) -> float:
-        """The base's step time, corrected, and never less than that of a smaller batch."""
+        """The base's step time, corrected, and never less than that of fewer rows of as many tokens."""
         check_int("rows", rows, 1)
         check_int("tokens", tokens, 1)
         return self._steps(rows, tokens)

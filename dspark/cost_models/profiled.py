@@ -1,4 +1,4 @@
-"""A cost model read from a table of measured step times, interpolated monotonically.
+"""A cost model read from a table of measured step times, interpolated, monotone in rows.
 
 Notation: a target forward runs R rows of T new tokens each (dspark's verify forward is a
 rectangular [R, T] batch, padded); t(R, T) is its measured time in seconds and d(R, k) the time of one
@@ -8,14 +8,21 @@ on ``draft_rows`` × ``draft_depths``); :class:`ProfiledCostModel` answers ``ste
 per drafted position, so a row fallback that drafts one token deep must not be charged a γ-deep pass.
 
 Between grid points the surface is bilinear, after the table is replaced by its monotone envelope
-(the cumulative maximum along rows, then along tokens: the smallest table ≥ the measured one that
-never decreases along either axis). Measured noise can make a bigger batch look cheaper than a
+(the cumulative maximum along rows, and for drafting then along depth: the smallest table ≥ the measured one that
+never decreases along those axes). Measured noise can make a bigger batch look cheaper than a
 smaller one; a scheduler that believed it would verify more tokens than it should, so the envelope
-never lets it. Below the grid the surface is constant (a smaller batch than any measured costs what
+never lets it. Step times are not raised along tokens, because a wider forward can truly cost less: on a 2-core
+EPYC the packed products of two rows stream their weights slower than those of four or six, and in the loop a
+step of two rows took 52.5 ms with one token each, 49.4 with two and 47.9 with three
+(``benchmarks/results/bench_step_widths.json``), which the profiled table had measured too (55.2, 50.8 and
+46.4 ms); raised along tokens it priced all three at 55.2 ms, and four and five tokens, which took 58.5 and
+56.5 ms, at 58.4 beside them, so deep steps looked nearly free. A cell measured too cheap is one the scheduler
+picks, so the online correction (``OnlineCorrectedCostModel``) observes it and corrects it. Below the grid the
+surface is constant (a smaller batch than any measured costs what
 the smallest measured one does: fixed per-forward overhead dominates there); above the grid it
-continues linearly with the last segment's slopes (compute-bound forwards grow linearly in rows
+continues linearly with the last segment's slopes, never below 0 (compute-bound forwards grow linearly in rows
 and tokens, and a clamp would make big batches look free), with those slopes made non-decreasing
-along the other axis so the extrapolation stays monotone too.
+along the other axis so the extrapolation stays monotone in rows too.
 
 ``ProfiledCostModel.profile`` measures a table on the running machine with
 ``dspark.cost_models.profiling.cost_curve`` (target forwards over random KV caches) and
@@ -180,14 +187,15 @@ class CostTable:
 # -- the monotone surface ---------------------------------------------------------------------
 
 
-def monotone_envelope(seconds: Sequence[Sequence[float]]) -> list[list[float]]:
-    """The smallest table ≥ ``seconds`` that never decreases along either axis: entry (i, j) is the
-    largest measurement at (i', j') with i' ≤ i and j' ≤ j (a cumulative max along rows, then tokens;
-    the second pass keeps the first's order because a max of ordered columns stays ordered)."""
+def monotone_envelope(seconds: Sequence[Sequence[float]], along_tokens: bool = True) -> list[list[float]]:
+    """The smallest table ≥ ``seconds`` that never decreases along rows (the first axis) and, with ``along_tokens``,
+    along tokens too: entry (i, j) is the largest measurement at (i', j') with i' ≤ i and j' ≤ j (a cumulative max
+    along rows, then tokens; the second pass keeps the first's order because a max of ordered columns stays
+    ordered), or, without ``along_tokens``, at (i', j) with i' ≤ i."""
     envelope = [list(map(float, row)) for row in seconds]
     for i in range(1, len(envelope)):
         envelope[i] = [max(value, below) for value, below in zip(envelope[i], envelope[i - 1])]
-    for row in envelope:
+    for row in envelope if along_tokens else ():
         for j in range(1, len(row)):
             row[j] = max(row[j], row[j - 1])
     return envelope
@@ -228,15 +236,17 @@ class _Surface:
     twist: float
 
     @classmethod
-    def build(cls, x: Sequence[float], y: Sequence[float], seconds: Sequence[Sequence[float]]) -> "_Surface":
-        z = monotone_envelope(seconds)
+    def build(cls, x: Sequence[float], y: Sequence[float], seconds: Sequence[Sequence[float]], along_y: bool = True) -> "_Surface":
+        """The surface over ``seconds``' monotone envelope, along x only unless ``along_y`` (``monotone_envelope``)."""
+        z = monotone_envelope(seconds, along_tokens=along_y)
         x, y = tuple(map(float, x)), tuple(map(float, y))
         n, m = len(x), len(y)
-        # Beyond the grid each axis continues with its last segment's slope; making the slope along
+        # Beyond the grid each axis continues with its last segment's slope (never below 0: a table not monotone
+        # along y may end falling, and wider forwards must not come out ever cheaper); making the slope along
         # one axis non-decreasing along the other keeps f monotone there (f = base + slope·distance,
         # both terms non-decreasing).
         slope_x = [(z[n - 1][j] - z[n - 2][j]) / (x[n - 1] - x[n - 2]) if n > 1 else 0.0 for j in range(m)]
-        slope_y = [(z[i][m - 1] - z[i][m - 2]) / (y[m - 1] - y[m - 2]) if m > 1 else 0.0 for i in range(n)]
+        slope_y = [max(0.0, (z[i][m - 1] - z[i][m - 2]) / (y[m - 1] - y[m - 2])) if m > 1 else 0.0 for i in range(n)]
         twist = 0.0
         if n > 1 and m > 1:
             # The last cell's cross term: it makes t = a·R·T (compute-bound) extrapolate exactly.
@@ -273,15 +283,20 @@ def _check_point(name: str, value) -> float:
 
 
 def interpolate_monotone(
-    rows_grid: Sequence[int], tokens_grid: Sequence[int], seconds: Sequence[Sequence[float]], rows: float, tokens: float
+    rows_grid: Sequence[int], tokens_grid: Sequence[int], seconds: Sequence[Sequence[float]], rows: float, tokens: float,
+    along_tokens: bool = True,
 ) -> float:
     """t(``rows``, ``tokens``) from ``seconds`` [len(rows_grid)][len(tokens_grid)] on that grid:
-    bilinear over the table's monotone envelope, constant below the grid, linear above (see the
-    module docstring). Non-decreasing in ``rows`` and in ``tokens``; exact at grid points of a table
-    that is already monotone."""
+    bilinear over the table's monotone envelope (``monotone_envelope(seconds, along_tokens)``), constant below the
+    grid, linear above (see the module docstring). Non-decreasing in ``rows``, and in ``tokens`` with
+    ``along_tokens`` (``ProfiledCostModel`` passes False for step times); exact at grid points of a table that is
+    already its envelope."""
     rows_grid, tokens_grid = _check_grid("rows_grid", rows_grid), _check_grid("tokens_grid", tokens_grid)
     seconds = _check_table(rows_grid, tokens_grid, seconds)
-    return _Surface.build(rows_grid, tokens_grid, seconds)(_check_point("rows", rows), _check_point("tokens", tokens))
+    if not isinstance(along_tokens, bool):
+        raise TypeError(f"along_tokens must be a bool, got {along_tokens!r}")
+    surface = _Surface.build(rows_grid, tokens_grid, seconds, along_y=along_tokens)
+    return surface(_check_point("rows", rows), _check_point("tokens", tokens))
 
 
 # -- measuring --------------------------------------------------------------------------------
@@ -377,9 +392,9 @@ def _resolve_fast_path(target: torch.nn.Module, drafter, fast_path) -> FastPath 
 
 @attrs.frozen
 class ProfiledCostModel:
-    """``step_time`` and ``draft_time`` from a :class:`CostTable`, monotone and interpolated (module
-    docstring). ``draft_time`` is 0 when the table has no drafting times; its depth defaults to the deepest
-    profiled (the whole block)."""
+    """``step_time`` and ``draft_time`` from a :class:`CostTable`, interpolated (module docstring): ``step_time``
+    non-decreasing in rows, as measured along tokens; ``draft_time`` non-decreasing in rows and depth, 0 when the table
+    has no drafting times, its depth defaulting to the deepest profiled (the whole block)."""
 
     table: CostTable = attrs.field(validator=attrs.validators.instance_of(CostTable))
     _steps: _Surface = attrs.field(init=False, repr=False, eq=False)
@@ -387,7 +402,8 @@ class ProfiledCostModel:
 
     @_steps.default
     def _build_steps(self) -> _Surface:
-        return _Surface.build(self.table.rows, self.table.tokens, self.table.step_seconds)
+        # Monotone in rows only: a wider forward can truly cost less (module docstring).
+        return _Surface.build(self.table.rows, self.table.tokens, self.table.step_seconds, along_y=False)
 
     @_drafts.default
     def _build_drafts(self) -> _Surface | None:
