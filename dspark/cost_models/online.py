@@ -337,10 +337,14 @@ class _CorrectedSurface:
 
     def _bound(self, key: tuple[int, int], rows: int, tokens: int) -> float:
         """What the unobserved cell ``key`` may answer at the point (rows, tokens) at most: the least h of the observed
-        cells at or above it in both buckets, each at its least point at or above this one (module docstring)."""
+        cells at or above it in rows, and in tokens where the surface is monotone in them (else of its token bucket),
+        each at its least point at or above this one (module docstring)."""
         bound = self._bounds.get((key, rows, tokens))
         if bound is None:
-            above = [cell for cell in self.cells if cell[0] >= key[0] and (cell[1] >= key[1] if self.monotone_in_tokens else cell[1] == key[1])]
+            above = [
+                cell for cell in self.cells
+                if cell[0] >= key[0] and (cell[1] >= key[1] if self.monotone_in_tokens else cell[1] == key[1])
+            ]
             bound = min((self._usual(cell, max(rows, _lowest(cell[0])), max(tokens, _lowest(cell[1]))) for cell in above), default=math.inf)
             self._bounds[(key, rows, tokens)] = bound
         return bound
