@@ -134,6 +134,14 @@ def test_a_noisy_table_never_makes_a_larger_batch_cheaper():
     assert model.draft_time(2, 1) == 0.05 and model.draft_time(1, 4) == 0.09 and model.draft_time(4, 2) == 0.20
 
 
+def test_an_envelope_along_tokens_must_be_asked_for_with_a_bool():
+    """along_tokens other than a bool is a TypeError naming it, from the envelope and from the interpolation."""
+    with pytest.raises(TypeError, match="along_tokens must be a bool, got 'no'"):
+        monotone_envelope([[1.0, 2.0]], along_tokens="no")
+    with pytest.raises(TypeError, match="along_tokens must be a bool, got 1"):
+        interpolate_monotone((1,), (1, 2), [[1.0, 2.0]], 1, 1, along_tokens=1)
+
+
 @PROPERTY
 @given(cost_grids(), st.lists(st.integers(1, 300), min_size=2, max_size=2), st.integers(1, 300))
 def test_profiled_step_times_are_monotone_in_rows_and_never_fall_beyond_the_token_grid(grid, pair, other):

@@ -192,6 +192,8 @@ def monotone_envelope(seconds: Sequence[Sequence[float]], along_tokens: bool = T
     along tokens too: entry (i, j) is the largest measurement at (i', j') with i' ≤ i and j' ≤ j (a cumulative max
     along rows, then tokens; the second pass keeps the first's order because a max of ordered columns stays
     ordered), or, without ``along_tokens``, at (i', j) with i' ≤ i."""
+    if not isinstance(along_tokens, bool):
+        raise TypeError(f"along_tokens must be a bool, got {along_tokens!r}")
     envelope = [list(map(float, row)) for row in seconds]
     for i in range(1, len(envelope)):
         envelope[i] = [max(value, below) for value, below in zip(envelope[i], envelope[i - 1])]
@@ -293,9 +295,7 @@ def interpolate_monotone(
     already its envelope."""
     rows_grid, tokens_grid = _check_grid("rows_grid", rows_grid), _check_grid("tokens_grid", tokens_grid)
     seconds = _check_table(rows_grid, tokens_grid, seconds)
-    if not isinstance(along_tokens, bool):
-        raise TypeError(f"along_tokens must be a bool, got {along_tokens!r}")
-    surface = _Surface.build(rows_grid, tokens_grid, seconds, along_y=along_tokens)
+    surface = _Surface.build(rows_grid, tokens_grid, seconds, along_y=along_tokens)  # monotone_envelope checks along_tokens
     return surface(_check_point("rows", rows), _check_point("tokens", tokens))
 
 
