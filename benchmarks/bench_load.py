@@ -12,8 +12,9 @@ logistic model of its signals), greedy and/or at temperature 1:
   its ratio to plain decoding is the machine's noise), MTP-1 (``FixedLength(1)``), fixed γ (every drafted token),
   threshold (``Threshold(0.5)`` on the calibrated survival), vLLM's argmax rule, DSpark
   (``HardwareAwareScheduler``, column-wise admission), DSpark with the paper's candidate-wise
-  admission (``dspark_candidates``) and DSpark weighing rows by when they finish (``dspark_static``,
-  ``static_batch=True``), the last four with the cost model ``wrap`` profiles on this machine
+  admission (``dspark_candidates``), DSpark weighing rows by when they finish (``dspark_static``,
+  ``static_batch=True``) and DSpark opening a column when a wider step further on pays (``dspark_look_ahead``,
+  ``look_ahead=True``), the last five with the cost model ``wrap`` profiles on this machine
   (each its own copy, corrected online by its own steps, and its own estimator, as separate ``wrap`` calls would have);
 * aggregate tokens/s (all rows' new tokens over the batches' wall time), per-user tokens/s (one
   row's tokens over its batch's time, averaged over rows), τ, the mean verify length per row and step
@@ -76,7 +77,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 STATIC = ("plain", "mtp1", "fixed_gamma", "threshold")
 #: ``plain_again`` is plain decoding timed a second time, as a policy of its own: its ratio to plain decoding, which
 #: ought to be 1, is what the machine's noise alone makes of two runs of one policy (an A/A control).
-POLICIES = (*STATIC, "plain_again", "vllm_rule", "dspark", "dspark_candidates", "dspark_static")
+POLICIES = (*STATIC, "plain_again", "vllm_rule", "dspark", "dspark_candidates", "dspark_static", "dspark_look_ahead")
 DRAFTERS = ("shipped", "prompt_lookup")
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
@@ -132,6 +133,7 @@ def _policies(target, drafter, make_confidence, gamma, names) -> dict:
         "dspark": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence()),
         "dspark_candidates": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), admission="candidates"),
         "dspark_static": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), static_batch=True),
+        "dspark_look_ahead": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), look_ahead=True),
     }
     return {name: builders[name]() for name in names}
 

@@ -23,7 +23,7 @@ __all__ = ["across_categories", "first_difference", "generated_tokens", "load_ta
 #: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names; any other keeps its own name.
 _POLICY_TITLES = {
     "plain_again": "plain again", "mtp1": "MTP-1", "fixed_gamma": "fixed γ", "threshold": "threshold", "vllm_rule": "vLLM rule", "dspark": "DSpark",
-    "dspark_candidates": "DSpark (candidates)", "dspark_static": "DSpark (static)",
+    "dspark_candidates": "DSpark (candidates)", "dspark_static": "DSpark (static)", "dspark_look_ahead": "DSpark (look-ahead)",
 }
 
 

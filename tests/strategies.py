@@ -202,6 +202,13 @@ def step_curves(draw, max_width: int = 5):
 
 
 @st.composite
+def gentle_step_curves(draw, max_width: int = 5):
+    """T(w) for w = 1..max_width+1 within a factor of two of each other, in any shape: widths whose costs are near
+    enough that the survivals, not the curve alone, decide what a scheduler verifies."""
+    return draw(st.lists(st.floats(0.7, 1.4), min_size=max_width + 1, max_size=max_width + 1))
+
+
+@st.composite
 def cost_grids(draw, max_size: int = 5):
     """(rows, tokens, step_seconds): strictly increasing grids of ints ≥ 1 and a noisy table of
     seconds [len(rows)][len(tokens)] (often not monotone, sometimes with ties and zeros)."""

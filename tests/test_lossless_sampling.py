@@ -267,6 +267,20 @@ def test_early_stop_may_read_c2_to_decide_x2(models):
     assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE
 
 
+def test_look_ahead_columns_are_lossless(models):
+    """Single-request batches on a curve where the second token alone is dear (T = 1, 1.85, 2.3) and a_1 = 0.81:
+    the plain stop verifies nothing, the look-ahead opens column 1 on a_2 projected as a_1·c_1, then opens column 2
+    only when the real c_2 (which reads x_1) is high: ℓ ∈ {1, 2} follows x_1, and the law holds."""
+    target, draft_model = models
+    cost_model = StepCurve((1.0, 1.85, 2.3))
+    result = _sample(target, DraftModelDrafter(draft_model), WARPINGS[0], seed=0, max_draft_tokens=2,
+                     policy=SingleRequestBatches(HardwareAwareScheduler(look_ahead=True)), confidence=DraftProbability(), cost_model=cost_model)
+    first = result.stats.records[0]
+    assert set(first.verify_lengths.tolist()) == {1, 2}
+    assert HardwareAwareScheduler().lengths(first.survival[:1], cost_model, torch.tensor([2])).tolist() == [0], "the plain stop must open nothing here"
+    assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE
+
+
 @pytest.mark.parametrize("policy", [RetrospectiveScheduler(), VllmArgmaxRule()], ids=["retrospective", "vllm-argmax"])
 def test_the_test_rejects_retrospective_scheduling(models, policy):
     """Power (Appendix A's setting: R = 1, γ = 2, its SPS curve): choosing the best prefix after seeing c_2 verifies

@@ -24,11 +24,13 @@ from dspark.verify.schedulers import (
     column_schedule,
     finishing_weights,
     goodput_curve,
+    look_ahead_goodput,
     minimum_gain_schedule,
     prefix_schedule,
+    projected_survival,
 )
 from tests.conftest import build_model, left_padded_batch
-from tests.strategies import schedule_problems, step_curves
+from tests.strategies import gentle_step_curves, schedule_problems, step_curves
 
 
 def table(*seconds: float):
@@ -194,6 +196,51 @@ def test_column_limits_and_weights():
     assert column_schedule(single, full(2, 1), curve, weights=torch.tensor([1.0, 9.0])).tolist() == [1, 1]
 
 
+# ----------------------------------------------------------------------------- look-ahead by hand
+
+
+def test_projected_survival_repeats_the_last_known_survival():
+    """P[k − 1] keeps a_{·,≤k} and continues with c_k = a_k / a_{k−1}; a row whose a_{k−1} is 0 projects 0."""
+    prefix = torch.tensor([[0.8, 0.4, 0.1], [0.5, 0.0, 0.0]], dtype=torch.float64)
+    projected = projected_survival(prefix)
+    assert torch.allclose(projected[0], torch.tensor([[0.8, 0.64, 0.512], [0.5, 0.25, 0.125]], dtype=torch.float64))
+    assert torch.allclose(projected[1], torch.tensor([[0.8, 0.4, 0.2], [0.5, 0.0, 0.0]], dtype=torch.float64))
+    assert torch.equal(projected[2], prefix)
+
+
+def test_look_ahead_crosses_a_dear_width_to_a_cheap_one():
+    """One row, c = 0.15 at every position, a two-token step dearer than a four-token one (T = 1, 1.2, 1.1, 1.0): the
+    plain stop verifies nothing (1.15/1.2 < 1); projected, three columns give 1.176/1.0, so the look-ahead opens
+    column 1, and with the real a then columns 2 (1.176 > 1.15/1.2) and 3."""
+    prefix = torch.full((1, 3), 0.15, dtype=torch.float64).cumprod(dim=1)
+    curve = table(1.0, 1.2, 1.1, 1.0)
+    assert column_schedule(prefix, full(1, 3), curve).tolist() == [0]
+    assert column_schedule(prefix, full(1, 3), curve, look_ahead=True).tolist() == [3]
+    cost = TableCostModel((1.0, 1.2, 1.1, 1.0))
+    assert HardwareAwareScheduler(look_ahead=True).lengths(torch.full((1, 3), 0.15, dtype=torch.float64), cost, full(1, 3)).tolist() == [3]
+
+
+def test_look_ahead_ignores_cheap_widths_past_every_limit():
+    """A step time that falls only past every row's limit verifies nothing there (the forward never grows past max ℓ),
+    so it cannot draw the look-ahead across the dear width before it."""
+    prefix = torch.full((2, 3), 0.1, dtype=torch.float64).cumprod(dim=1)
+    curve = table(1.0, 1.2, 0.5, 0.5)
+    assert column_schedule(prefix, full(2, 1), curve, look_ahead=True).tolist() == [0, 0]
+    assert column_schedule(prefix, full(2, 2), curve, look_ahead=True).tolist() == [2, 2]
+    theta = look_ahead_goodput(prefix, full(2, 1), curve)
+    assert theta.shape == (3, 4) and bool(torch.isinf(theta[:, 2:]).all()) and bool(torch.isfinite(theta[:, :2]).all())
+
+
+def test_look_ahead_is_refused_with_candidate_admission():
+    """look_ahead projects whole columns: with admission="candidates" it is a ValueError naming both; a non-bool is a TypeError."""
+    with pytest.raises(ValueError, match="look_ahead.*'candidates'"):
+        HardwareAwareScheduler(admission="candidates", look_ahead=True)
+    with pytest.raises(TypeError, match="look_ahead"):
+        HardwareAwareScheduler(look_ahead=1)
+    with pytest.raises(TypeError, match="look_ahead"):
+        column_schedule(torch.ones((1, 2)), full(1, 2), table(1.0, 1.0, 1.0), look_ahead="yes")
+
+
 # ----------------------------------------------------------------------------- properties
 
 
@@ -281,6 +328,77 @@ def test_columns_fill_the_rectangle_and_stop_early(problem, curve, draft_seconds
     while columns < gamma and goodput(columns + 1) > goodput(columns):
         columns += 1
     assert lengths.tolist() == [min(columns, reach[row]) for row in range(rows)]
+
+
+@given(schedule_problems(), step_curves(), st.floats(0.0, 5.0))
+@settings(max_examples=150, deadline=None)
+def test_look_ahead_opens_columns_by_brute_force(problem, curve, draft_seconds):
+    """ℓ_r = min(K, limits[r]) where K counts the leading columns k for which some width k ≤ K' ≤ max limit, on
+    survivals projected from a_{·,≤k} (c_{r,k} repeated), beats Θ(k − 1) (brute force in Python)."""
+    survival, limits = problem
+    prefix = survival.cumprod(dim=1)
+    seconds, _ = curve
+    rows, gamma = prefix.shape
+    reach = [min(int(limit), gamma) for limit in limits]
+
+    def goodput(table_of_a, columns: int) -> float:
+        tokens = sum(1 + sum(table_of_a[row][: min(columns, reach[row])]) for row in range(rows))
+        return tokens / (draft_seconds + seconds[columns])
+
+    def known_when_deciding(column: int) -> list[list[float]]:
+        """a_{r,j} for j ≤ column, then a_{r,column}·c_{r,column}^{j − column}."""
+        known = []
+        for row in range(rows):
+            a = prefix[row].tolist()
+            before = a[column - 2] if column > 1 else 1.0
+            survival_at_column = a[column - 1] / before if before > 0 else 0.0
+            known.append(a[:column] + [a[column - 1] * survival_at_column ** (j + 1 - column) for j in range(column, gamma)])
+        return known
+
+    columns = 0
+    while columns < min(gamma, max(reach)):
+        known = known_when_deciding(columns + 1)
+        if not max(goodput(known, width) for width in range(columns + 1, max(reach) + 1)) > goodput(known, columns):
+            break
+        columns += 1
+    lengths = column_schedule(prefix, limits, table(*seconds), draft_seconds, look_ahead=True)
+    assert lengths.tolist() == [min(columns, reach[row]) for row in range(rows)]
+
+
+@given(schedule_problems(), step_curves(), st.floats(0.0, 5.0))
+@settings(max_examples=150, deadline=None)
+def test_look_ahead_opens_at_least_the_plain_stops_columns(problem, curve, draft_seconds):
+    """K = k is among the widths the look-ahead weighs, so it never verifies less than the plain early stop."""
+    survival, limits = problem
+    prefix = survival.cumprod(dim=1)
+    seconds, _ = curve
+    plain = column_schedule(prefix, limits, table(*seconds), draft_seconds)
+    ahead = column_schedule(prefix, limits, table(*seconds), draft_seconds, look_ahead=True)
+    assert bool((ahead >= plain).all())
+
+
+@given(schedule_problems(), gentle_step_curves(), st.booleans(), st.integers(0, 2**31 - 1))
+@settings(max_examples=200, deadline=None)
+def test_column_decisions_never_read_the_survival_of_a_later_column(problem, seconds, look_ahead, seed):
+    """Non-anticipation, the property that keeps sampling lossless: with K columns opened, redrawing every survival
+    c_{·,j} for j ≥ K + 2 (read only by decisions after the one that closed column K + 1) as all 0, all 1 or at
+    random leaves ℓ unchanged."""
+    survival, limits = problem
+    lengths = column_schedule(survival.cumprod(dim=1), limits, table(*seconds), look_ahead=look_ahead)
+    later = survival[:, int(lengths.max()) + 1 :]
+    for fill in (torch.zeros_like(later), torch.ones_like(later), torch.rand(later.shape, generator=torch.Generator().manual_seed(seed), dtype=later.dtype)):
+        redrawn = torch.cat([survival[:, : survival.shape[1] - later.shape[1]], fill], dim=1)
+        assert torch.equal(column_schedule(redrawn.cumprod(dim=1), limits, table(*seconds), look_ahead=look_ahead), lengths)
+
+
+def test_look_ahead_does_not_read_the_survival_of_the_column_it_decides_past():
+    """Appendix A's trap, for the look-ahead: one row, a_1 = 0.15, T = 1, 1.2, 1.25. Column 1 is decided on a_2
+    projected as 0.15² (Θ̂ 1.1725/1.25 < 1: closed), whatever the real c_2; a search that read c_2 = 1 would open
+    both columns (1.3/1.25 > 1) and so verify x_1 exactly when the token after it looks good."""
+    curve = table(1.0, 1.2, 1.25)
+    for later in (0.0, 0.15, 1.0):
+        prefix = torch.tensor([[0.15, 0.15 * later]], dtype=torch.float64)
+        assert column_schedule(prefix, full(1, 2), curve, look_ahead=True).tolist() == [0]
 
 
 @given(schedule_problems(), step_curves())
@@ -428,8 +546,9 @@ def target():
 @pytest.mark.parametrize("drafter_kind", ["other-model", "self"])
 @pytest.mark.parametrize(
     "policy_type",
-    [HardwareAwareScheduler, lambda: HardwareAwareScheduler(admission="columns"), VllmArgmaxRule, MinimumGainRule],
-    ids=["hardware-aware", "hardware-aware-columns", "vllm-argmax", "minimum-gain"],
+    [HardwareAwareScheduler, lambda: HardwareAwareScheduler(admission="candidates"), lambda: HardwareAwareScheduler(look_ahead=True),
+     VllmArgmaxRule, MinimumGainRule],
+    ids=["hardware-aware", "hardware-aware-candidates", "hardware-aware-look-ahead", "vllm-argmax", "minimum-gain"],
 )
 def test_greedy_output_equals_hf_generate(target, policy_type, drafter_kind):
     """Mixed prompt lengths, a linear cost curve: ℓ takes several values and the output equals HF greedy generate."""

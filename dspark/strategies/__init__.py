@@ -47,15 +47,16 @@ def _scheduled(policy, drafter: Drafter, max_draft_tokens: int, cost_model: Cost
 
 def dspark(
     drafter: Drafter, max_draft_tokens: int, cost_model: CostModel, confidence: ConfidenceEstimator | None = None, admission: str = "columns",
-    static_batch: bool = False,
+    static_batch: bool = False, look_ahead: bool = False,
 ) -> Strategy:
     """The DSpark preset: the hardware-aware prefix scheduler (paper Algorithm 1, with drafting cost,
     admitting whole verify columns; ``admission="candidates"`` for the paper's single candidates;
-    ``static_batch=True`` weighs rows' tokens by when the rows finish, ``finishing_weights``)
+    ``static_batch=True`` weighs rows' tokens by when the rows finish, ``finishing_weights``; ``look_ahead=True``
+    opens a column when a wider step further on would pay, ``column_schedule``)
     on ``confidence`` (default: draft probability; a calibrated estimator is what it is meant for)
     and ``cost_model`` (e.g. ``dspark.profiled_cost_model(target, drafter, γ)``). ``wrap(target,
     calibrated_semi_ar_drafter)`` gives this with the drafter's calibrated estimator."""
-    policy = HardwareAwareScheduler(max_draft_tokens=max_draft_tokens, admission=admission, static_batch=static_batch)
+    policy = HardwareAwareScheduler(max_draft_tokens=max_draft_tokens, admission=admission, static_batch=static_batch, look_ahead=look_ahead)
     return _scheduled(policy, drafter, max_draft_tokens, cost_model, confidence)
 
 

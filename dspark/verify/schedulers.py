@@ -83,8 +83,10 @@ __all__ = [
     "column_schedule",
     "finishing_weights",
     "goodput_curve",
+    "look_ahead_goodput",
     "minimum_gain_schedule",
     "prefix_schedule",
+    "projected_survival",
 ]
 
 StepTime = Callable[[int, int], float]
@@ -165,10 +167,19 @@ def prefix_schedule(
 
 def column_schedule(
     prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, draft_seconds: float = 0.0, weights: torch.Tensor | None = None,
+    look_ahead: bool = False,
 ) -> torch.Tensor:
     """Column-wise admission on dspark's rectangular forward (module docstring): ℓ LongTensor[R],
     ℓ_r = min(K, limits[r]) for the first K columns each of which raised Θ. ``weights``: per-row
-    priorities w_r > 0 (None: all 1)."""
+    priorities w_r > 0 (None: all 1).
+
+    ``look_ahead``: open column k when some width K ≥ k would beat Θ(k − 1) on the survivals
+    ``projected_survival`` makes from a_{·,≤k} (``look_ahead_goodput``), rather than only K = k: a step
+    time that falls again further on (a wider forward that runs a faster kernel) is then reached across
+    the dear width before it. Still non-anticipating, so still lossless (module docstring), and it opens
+    at least the columns the plain stop opens, since K = k is among the widths it weighs."""
+    if not isinstance(look_ahead, bool):
+        raise TypeError(f"look_ahead must be a bool, got {look_ahead!r}")
     _check_problem(prefix_survival, limits)
     rows, gamma = prefix_survival.shape
     device = prefix_survival.device
@@ -177,15 +188,74 @@ def column_schedule(
     draft_seconds = _check_seconds("draft_seconds", draft_seconds)
     seconds = _step_seconds(step_time, rows, gamma, draft_seconds, _compute_dtype(prefix_survival), device)
     limits = limits.to(device)
-    weighted = prefix_survival.to(seconds.dtype)
-    if weights is not None:
-        weighted = weighted * _check_weights(weights, rows).to(device, seconds.dtype)[:, None]
-    reachable = torch.arange(1, gamma + 1, device=device)[None, :] <= limits[:, None]
-    gained = torch.where(reachable, weighted, torch.zeros_like(weighted)).sum(dim=0)
-    tau = _base(weights, rows, seconds) + torch.cat([gained.new_zeros(1), gained.cumsum(dim=0)])
-    theta = tau / (draft_seconds + seconds)
-    columns = _leading_true(theta[1:] > theta[:-1])
+    if look_ahead:
+        theta = _look_ahead_goodput(prefix_survival, limits, seconds, draft_seconds, weights)
+        # Row k − 1 decides column k: its best width from k on against Θ(k − 1) (equal in every row's
+        # first k columns, which read real survivals only).
+        widths = torch.arange(gamma + 1, device=device)
+        ahead = widths[None, :] >= widths[1:, None]
+        best = theta.masked_fill(~ahead, -math.inf).amax(dim=1)
+        columns = _leading_true(best > theta[:, :-1].diagonal())
+    else:
+        theta = _column_goodput(_column_gains(prefix_survival.to(seconds.dtype), limits, weights), weights, rows, seconds, draft_seconds)
+        columns = _leading_true(theta[1:] > theta[:-1])
     return torch.minimum(limits.long().clamp_min(0), columns)
+
+
+def projected_survival(prefix_survival: torch.Tensor) -> torch.Tensor:
+    """P [γ, R, γ]: for each decision column k (P[k − 1]), the prefix survivals as known when column k is
+    decided, a_{r,j} for j ≤ k, and beyond it a_{r,k}·c_{r,k}^{j−k}, the k-th survival c_{r,k} =
+    a_{r,k} / a_{r,k−1} repeated (0 where a_{r,k−1} = 0). Reads a_{·,≤k} only, so a decision taken on P[k − 1]
+    is non-anticipating."""
+    if not isinstance(prefix_survival, torch.Tensor) or not prefix_survival.is_floating_point() or prefix_survival.dim() != 2:
+        raise TypeError(f"prefix_survival must be a FloatTensor[R, γ] of a in [0, 1], got {_describe(prefix_survival)}")
+    rows, gamma = prefix_survival.shape
+    device = prefix_survival.device
+    before = torch.cat([torch.ones_like(prefix_survival[:, :1]), prefix_survival[:, :-1]], dim=1)
+    survival = torch.where(before > 0, prefix_survival / before.clamp_min(torch.finfo(prefix_survival.dtype).tiny), torch.zeros_like(before))
+    decided = torch.arange(1, gamma + 1, device=device)
+    beyond = (decided[None, :] - decided[:, None]).clamp_min(0)  # [k, j]: j − k past the decision column, else 0
+    projected = prefix_survival.T[:, :, None] * survival.T[:, :, None] ** beyond[:, None, :].to(prefix_survival.dtype)
+    return torch.where((beyond > 0)[:, None, :], projected, prefix_survival[None, :, :].expand(gamma, rows, gamma))
+
+
+def look_ahead_goodput(
+    prefix_survival: torch.Tensor, limits: torch.Tensor, step_time: StepTime, draft_seconds: float = 0.0, weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Θ̂ [γ, γ + 1]: Θ̂[k − 1, K] the goodput of opening K columns on ``projected_survival``'s P[k − 1], what
+    is known when column k is decided; −inf for K beyond every row's limit (those columns verify nothing, and
+    the forward never grows past max ℓ). ``column_schedule(look_ahead=True)`` opens column k while
+    max_{K ≥ k} Θ̂[k − 1, K] > Θ̂[k − 1, k − 1] = Θ(k − 1)."""
+    _check_problem(prefix_survival, limits)
+    rows, gamma = prefix_survival.shape
+    draft_seconds = _check_seconds("draft_seconds", draft_seconds)
+    seconds = _step_seconds(step_time, rows, gamma, draft_seconds, _compute_dtype(prefix_survival), prefix_survival.device)
+    return _look_ahead_goodput(prefix_survival, limits.to(prefix_survival.device), seconds, draft_seconds, weights)
+
+
+def _look_ahead_goodput(prefix_survival, limits, seconds, draft_seconds, weights) -> torch.Tensor:
+    rows, gamma = prefix_survival.shape
+    projected = projected_survival(prefix_survival.to(seconds.dtype))
+    theta = _column_goodput(_column_gains(projected, limits, weights), weights, rows, seconds, draft_seconds)
+    widest = limits.long().clamp(0, gamma).max()
+    past_limits = torch.arange(gamma + 1, device=seconds.device) > widest
+    return theta.masked_fill(past_limits, -math.inf)
+
+
+def _column_gains(prefix_survival: torch.Tensor, limits: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Σ_r w_r·a_{r,j} over the rows that may verify column j: [γ] for a [R, γ], [..., γ] for a [..., R, γ]."""
+    rows, gamma = prefix_survival.shape[-2:]
+    device = prefix_survival.device
+    if weights is not None:
+        prefix_survival = prefix_survival * _check_weights(weights, rows).to(device, prefix_survival.dtype)[:, None]
+    reachable = torch.arange(1, gamma + 1, device=device)[None, :] <= limits[:, None]
+    return torch.where(reachable, prefix_survival, torch.zeros_like(prefix_survival)).sum(dim=-2)
+
+
+def _column_goodput(gained: torch.Tensor, weights, rows: int, seconds: torch.Tensor, draft_seconds: float) -> torch.Tensor:
+    """Θ(K), K = 0..γ, along the last axis of the column gains."""
+    tau = _base(weights, rows, seconds) + torch.cat([torch.zeros_like(gained[..., :1]), gained.cumsum(dim=-1)], dim=-1)
+    return tau / (draft_seconds + seconds)
 
 
 def finishing_weights(remaining: torch.Tensor, step_time: StepTime) -> torch.Tensor:
@@ -252,7 +322,10 @@ class HardwareAwareScheduler:
     worth in a batch that runs until its last row is done, as ``dspark.generate``'s does (beyond the paper;
     the weights read only budgets known before the step, so admission stays non-anticipating). False values
     every token alike, the paper's Θ, right for continuous batching. One row, or rows with equal budgets,
-    get the same lengths either way.
+    get the same lengths either way. ``look_ahead``: with column admission, open a column when some wider
+    step on survivals projected from what is known (``projected_survival``) would beat the goodput so far,
+    not only the next one (``column_schedule``); lossless too. For a cost model whose step time falls again
+    at a wider step, which the plain stop never crosses to.
     """
 
     max_draft_tokens: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
@@ -260,9 +333,14 @@ class HardwareAwareScheduler:
     row_fallback: RowFallback | None = attrs.field(factory=GoodputFallback, validator=attrs.validators.optional(attrs.validators.instance_of(RowFallback)))
     admission: str = attrs.field(default="columns", validator=attrs.validators.in_(ADMISSIONS))
     static_batch: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    look_ahead: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     needs_survival = True
     needs_cost_model = True
     reads_context = True
+
+    def __attrs_post_init__(self):
+        if self.look_ahead and self.admission != "columns":
+            raise ValueError(f"look_ahead=True needs admission='columns' (it projects whole columns), got admission={self.admission!r}")
 
     def lengths(self, survival: torch.Tensor | None, cost_model: CostModel, limits: torch.Tensor, context: VerifyContext | None = None) -> torch.Tensor:
         """``column_schedule`` (or ``prefix_schedule`` with early stop, by ``admission``) of a = cumprod(c),
@@ -275,7 +353,7 @@ class HardwareAwareScheduler:
             finishing = finishing_weights(context.remaining, cost_model.step_time).to(prefix.device)
             weights = finishing if weights is None else finishing * weights.to(finishing.device, finishing.dtype)
         if self.admission == "columns":
-            return column_schedule(prefix, limits, cost_model.step_time, draft_seconds, weights=weights)
+            return column_schedule(prefix, limits, cost_model.step_time, draft_seconds, weights=weights, look_ahead=self.look_ahead)
         return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=True, weights=weights)
 
 
