@@ -31,6 +31,12 @@ last of those, a_{r,k}, reads x_{r,1..k−1}, never x_{r,k} (other rows' tokens 
 r's). It never gives up free candidates below a column's first one, and a column is opened when all
 its rows together pay for it, not only its best.
 
+Looking ahead (``column_schedule(look_ahead=True)``): where T falls again at a wider step, the stop above halts
+before the dear width and never reaches the cheap one. Column k may instead be opened when some width K ≥ k beats
+Θ(k − 1) on the survivals known when k is decided, a_{·,≤k}, continued past k by repeating c_{r,k}
+(``projected_survival``). Each decision still reads a_{·,≤k} only, so it is as lossless as the plain stop, and
+it opens every column the plain stop opens.
+
 The candidates (r, j), j ≤ limits[r], are visited in descending a_{r,j}; ties go to the smaller j, then
 the smaller r. Because a_{r,j+1} ≤ a_{r,j}, each row's candidates come in order of j, so the admitted
 set of any prefix of this order is a per-row prefix and ℓ_r is simply the count of row r's admissions.
@@ -190,8 +196,8 @@ def column_schedule(
     limits = limits.to(device)
     if look_ahead:
         theta = _look_ahead_goodput(prefix_survival, limits, seconds, draft_seconds, weights)
-        # Row k − 1 decides column k: its best width from k on against Θ(k − 1) (equal in every row's
-        # first k columns, which read real survivals only).
+        # Θ̂[k − 1] decides column k: its best width K ≥ k against Θ̂[k − 1, k − 1], which is Θ(k − 1)
+        # (the first k columns of P[k − 1] hold the real survivals).
         widths = torch.arange(gamma + 1, device=device)
         ahead = widths[None, :] >= widths[1:, None]
         best = theta.masked_fill(~ahead, -math.inf).amax(dim=1)
