@@ -17,7 +17,11 @@ count Σ a over the drafted rows of about the last 200 drafting steps (``GainPri
 choice is made: the scheduler verifies the prefixes the estimator rates highest, and a calibration
 fitted on other prompts can overstate what exactly those yield, by a steady factor, while a drafting
 decision is taken on the margin (ρ does not scale the probe ceiling below: a probe is what measures
-ρ again, and a ρ that kept probes out could never recover); λ_r its verify length ℓ_r, averaged alike;
+ρ again, and a ρ that kept probes out could never recover); λ_r its verify length ℓ_r, averaged alike; v_r the
+width its steps cost on average: the w whose T(R, 1 + w) / T(R, 1) lies nearest the mean of T(R, 1 + ℓ_r) / T(R, 1)
+over its drafted steps, averaged alike (``GoodputFallbackRun.priced_widths``; round(λ_r) before its first), because
+a row whose verify length is often 0 and sometimes γ (prompt lookup, between and on matches) widens few steps, where
+T at its mean ℓ would price every step wider;
 D(k) the seconds that drafting k rows adds to a step, the cost model's ``draft_time(k, depth)`` at the depth the
 rows would be drafted (the deepest of the candidates: one pass drafts every chosen row that deep), less what a
 step that drafts for no row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
@@ -39,7 +43,7 @@ unread while the prompt is: under load, where no row has paid for its drafting, 
 can cost more than a target step. D(0) = 0; T(R, w) the seconds of the target forward
 over R rows of w new tokens. Drafting the set S of rows is predicted to yield::
 
-    Θ(S) = (Σ_r w_r + ρ·Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} round(λ_r)))
+    Θ(S) = (Σ_r w_r + ρ·Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} v_r))
 
 weighted tokens per second. ``drafting_goodput`` evaluates Θ for S = the k rows of largest ρ·w_r·g_r,
 k = 0..n, and ``best_drafted_rows`` drafts the best such S (the first maximum: it never drafts a row that
@@ -169,7 +173,7 @@ def drafting_goodput(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(order, Θ): ``order`` the candidate rows by w_r·g_r descending (ties to the smaller index), Θ[k] the
     predicted goodput of drafting its first k, k = 0..n (module docstring). ``gains`` [n]: w_r·g_r;
-    ``widths`` [n]: round(λ_r); ``base``: Σ_r w_r over all ``rows`` rows of the forward. CPU tensors."""
+    ``widths`` [n]: the widths v_r the rows are priced at; ``base``: Σ_r w_r over all ``rows`` rows of the forward. CPU tensors."""
     _check_rows_problem(gains, widths, rows)
     order, theta = _goodput_curve(gains.tolist(), widths.tolist(), base, rows, step_time, draft_time)
     return torch.tensor(order, dtype=torch.long), torch.tensor(theta, dtype=gains.dtype)
@@ -406,7 +410,7 @@ class GoodputFallback:
         self, gains: torch.Tensor, widths: torch.Tensor, base: float, rows: int,
         step_time: Callable[[int, int], float], draft_time: Callable[[int], float],
     ) -> torch.Tensor:
-        """Which observed rows to draft for, BoolTensor[n], from their w_r·g_r, round(λ_r), Σ w, the
+        """Which observed rows to draft for, BoolTensor[n], from their w_r·g_r, priced widths v_r, Σ w, the
         forward's R, T and D (module docstring): ``best_drafted_rows``."""
         return best_drafted_rows(gains, widths, base, rows, step_time, draft_time)
 
@@ -428,6 +432,9 @@ class GoodputFallbackRun:
         self.priority = [1.0] * batch if generation.priority is None else generation.priority.detach().double().cpu().tolist()
         self.gain = [0.0] * batch
         self.verify = [0.0] * batch
+        # Per row: the smoothed ratio of its drafted steps' time to a one-token step's, T(R, 1 + ℓ_r) / T(R, 1), what
+        # its verify lengths cost on average (None until its own first drafted step: the prior's λ prices it).
+        self.step_ratio: list[float | None] = [None] * batch
         self.observed = [False] * batch  # has an estimate: its own outcome or the prior's
         self.own_steps = [0] * batch  # drafted steps of its own in this generation (> 0: measured)
         self.skipped = [0] * batch
@@ -477,15 +484,31 @@ class GoodputFallbackRun:
 
     def _goodput_problem(self, rows: list[int], candidates: list[bool], depths: list[int]) -> tuple:
         """The arguments of ``drafting_goodput`` and ``choose`` for drafting the ``candidates`` of ``rows``: their
-        ρ·w_r·ĝ_r and round(λ_r), Σ w over ``rows``, R, T, and D at the candidates' deepest depth."""
+        ρ·w_r·ĝ_r and priced widths v_r (``priced_widths``), Σ w over ``rows``, R, T, and D at the candidates' deepest depth."""
         drafted = [row for row, candidate in zip(rows, candidates) if candidate]
         ratio = self.fallback.prior.realised_ratio(self.band)
         shrunk = self.shrunk_gain(drafted, self.fallback.prior.get(self.band, len(rows)))
         gains = torch.tensor([self.priority[row] * gain * ratio for row, gain in zip(drafted, shrunk)], dtype=torch.float64)
-        widths = torch.tensor([round(self.verify[row]) for row in drafted], dtype=torch.long)
+        widths = torch.tensor(self.priced_widths(drafted, len(rows)), dtype=torch.long)
         deepest = max(max(depth for depth, candidate in zip(depths, candidates) if candidate), 1)
         draft_time = functools.partial(self.resume_draft_time, batch=len(rows), depth=deepest)
         return gains, widths, sum(self.priority[row] for row in rows), len(rows), self.cost_model.step_time, draft_time
+
+    def priced_widths(self, drafted: list[int], rows: int) -> list[int]:
+        """The width w in 0..γ each of ``drafted`` is priced at in a forward of ``rows`` rows: the one whose step
+        time T(rows, 1 + w) / T(rows, 1) lies nearest the row's mean ratio over its own drafted steps (the narrower on
+        a tie), round(λ_r) before its first. The mean of the times, not the time at the mean ℓ: a row that verifies
+        four tokens on one step in eight and none on the others (prompt lookup between matches) widens one step in
+        eight, where T at round(λ_r) = 1 would price every step one token wider (module docstring)."""
+        one_token = self.cost_model.step_time(rows, 1)
+        if one_token <= 0:
+            return [round(self.verify[row]) for row in drafted]
+        ratios = [self.cost_model.step_time(rows, 1 + width) / one_token for width in range(self.max_draft_tokens + 1)]
+        return [
+            round(self.verify[row]) if self.step_ratio[row] is None
+            else min(range(len(ratios)), key=lambda width, row=row: (abs(ratios[width] - self.step_ratio[row]), width))
+            for row in drafted
+        ]
 
     def avoidable_draft_time(self, rows: int, depth: int | None = None) -> float:
         """D(k): what drafting ``rows`` rows ``depth`` tokens deep (None: the whole block) adds to a step that drafts
@@ -645,6 +668,7 @@ class GoodputFallbackRun:
         self.unread_prompt_columns = self.skipped_steps = 0
         self._probed_generation = False  # its first probe is done: later ones are judged as usual
         gains, verify_lengths, accepted = verified_gain(record).tolist(), record.verify_lengths.tolist(), record.accepted.tolist()
+        one_token = self.cost_model.step_time(len(rows), 1)
         outcomes = []  # (gain, verify length, accepted) of each drafted row
         for row, drafts, gain, verify_length, accepted_count in zip(rows, drafted, gains, verify_lengths, accepted):
             if not drafts:
@@ -654,6 +678,10 @@ class GoodputFallbackRun:
             weight = _new_step_weight(self.own_steps[row], self.fallback.smoothing)
             self.gain[row] += weight * (gain - self.gain[row])
             self.verify[row] += weight * (verify_length - self.verify[row])
+            if one_token > 0:
+                ratio = self.cost_model.step_time(len(rows), 1 + verify_length) / one_token
+                known = ratio if self.step_ratio[row] is None else self.step_ratio[row]
+                self.step_ratio[row] = known + weight * (ratio - known)
             self.observed[row], self.skipped[row] = True, 0
             outcomes.append((gain, verify_length, accepted_count))
         self.fallback.prior.update(self.band, len(rows), *zip(*outcomes))
