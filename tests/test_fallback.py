@@ -662,3 +662,47 @@ def test_a_probes_wait_doubles_only_while_probing_stays_within_its_budget(draft_
         drafted = (run.draft_rows(rows) > 0).tolist()
         observe(run, [0], drafted, [1 if drafted[0] else 0], [1 if step == 0 else 0])
     assert int(run.interval[0]) == cap
+
+
+@attrs.frozen
+class WidthTable:
+    """T(R, w) = seconds[w − 1] at any R: a step verifying four tokens costs 10% over one token, one verifying a single
+    token 16% over (the shape measured on a CPU where two-row products are slow); D(k) = draft_row·k."""
+
+    seconds: tuple[float, ...] = (1.0, 1.16, 1.13, 1.12, 1.10)
+    draft_row: float = 0.02
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        return self.seconds[tokens - 1]
+
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
+        return self.draft_row * rows
+
+
+def _bursty_run(verify_lengths: list[int], accepted: list[int]):
+    run = GoodputFallback(prior_weight=0.0).start(start(1), WidthTable())
+    for verify_length, accepted_count in zip(verify_lengths, accepted):
+        run.observe(record([0], [True], [verify_length], [accepted_count]))
+    return run
+
+
+def test_a_row_is_priced_at_the_width_its_steps_cost_on_average():
+    """Four tokens verified on two of eight steps: λ = 1, but the steps cost 1.025 of a one-token step on average,
+    nearest width 0 (1.0) rather than width 1 (1.16); a row verifying one token every step is priced at width 1."""
+    bursty = _bursty_run([4, 0, 0, 0, 4, 0, 0, 0], [0] * 8)
+    assert round(bursty.verify[0]) == 1 and bursty.step_ratio[0] == pytest.approx(1.025)
+    assert bursty.priced_widths([0], 1) == [0]
+    steady = _bursty_run([1] * 8, [0] * 8)
+    assert steady.priced_widths([0], 1) == [1]
+    fresh = GoodputFallback(prior_weight=0.0).start(start(1), WidthTable())
+    assert fresh.priced_widths([0], 1) == [0], "before its first drafted step a row is priced at round(λ)"
+
+
+def test_a_bursty_row_that_pays_on_average_is_drafted():
+    """Gain 1/8 a step, D = 0.02: priced at the mean step (1.025 → width 0) drafting pays (1.125 / 1.02 > 1); priced
+    at T(1, 1 + round(λ)) = 1.16 it would not (1.125 / 1.18 < 1). The bursty row is drafted; a row with the same gain
+    verifying one token every step is not."""
+    bursty = _bursty_run([4, 0, 0, 0, 4, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0])
+    assert bursty.draft_rows(torch.tensor([0])).tolist() != [0]
+    steady = _bursty_run([1] * 8, [1, 0, 0, 0, 0, 0, 0, 0])
+    assert steady.draft_rows(torch.tensor([0])).tolist() == [0]
