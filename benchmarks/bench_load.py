@@ -13,8 +13,9 @@ logistic model of its signals), greedy and/or at temperature 1:
   threshold (``Threshold(0.5)`` on the calibrated survival), vLLM's argmax rule, DSpark
   (``HardwareAwareScheduler``, column-wise admission), DSpark with the paper's candidate-wise
   admission (``dspark_candidates``), DSpark weighing rows by when they finish (``dspark_static``,
-  ``static_batch=True``) and DSpark opening a column when a wider step further on pays (``dspark_look_ahead``,
-  ``look_ahead=True``), the last five with the cost model ``wrap`` profiles on this machine
+  ``static_batch=True``), DSpark opening a column when a wider step further on pays (``dspark_look_ahead``,
+  ``look_ahead=True``) and DSpark whose row fallback drafts ⌈λ_r⌉ deep only (``dspark_shallow``,
+  ``GoodputFallback(reach_cheaper_widths=False)``), the last six with the cost model ``wrap`` profiles on this machine
   (each its own copy, corrected online by its own steps, and its own estimator, as separate ``wrap`` calls would have);
 * aggregate tokens/s (all rows' new tokens over the batches' wall time), per-user tokens/s (one
   row's tokens over its batch's time, averaged over rows), τ, the mean verify length per row and step
@@ -70,14 +71,14 @@ from dspark.benchmarking import across_categories, generated_tokens, paired_rati
 from dspark.drafters import PromptLookupDrafter
 from dspark.pretrained import encode_chat
 from dspark.training.data import eval_prompts
-from dspark.verify import CalibrationFile, Threshold, calibrated_estimator
+from dspark.verify import CalibrationFile, GoodputFallback, HardwareAwareScheduler, Threshold, calibrated_estimator
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STATIC = ("plain", "mtp1", "fixed_gamma", "threshold")
 #: ``plain_again`` is plain decoding timed a second time, as a policy of its own: its ratio to plain decoding, which
 #: ought to be 1, is what the machine's noise alone makes of two runs of one policy (an A/A control).
-POLICIES = (*STATIC, "plain_again", "vllm_rule", "dspark", "dspark_candidates", "dspark_static", "dspark_look_ahead")
+POLICIES = (*STATIC, "plain_again", "vllm_rule", "dspark", "dspark_candidates", "dspark_static", "dspark_look_ahead", "dspark_shallow")
 DRAFTERS = ("shipped", "prompt_lookup")
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
@@ -134,6 +135,10 @@ def _policies(target, drafter, make_confidence, gamma, names) -> dict:
         "dspark_candidates": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), admission="candidates"),
         "dspark_static": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), static_batch=True),
         "dspark_look_ahead": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), look_ahead=True),
+        "dspark_shallow": lambda: dspark.Strategy(
+            drafter=drafter, policy=HardwareAwareScheduler(max_draft_tokens=gamma, row_fallback=GoodputFallback(reach_cheaper_widths=False)),
+            max_draft_tokens=gamma, cost_model=costed(), confidence=make_confidence(),
+        ),
     }
     return {name: builders[name]() for name in names}
 

@@ -24,6 +24,7 @@ __all__ = ["across_categories", "first_difference", "generated_tokens", "load_ta
 _POLICY_TITLES = {
     "plain_again": "plain again", "mtp1": "MTP-1", "fixed_gamma": "fixed γ", "threshold": "threshold", "vllm_rule": "vLLM rule", "dspark": "DSpark",
     "dspark_candidates": "DSpark (candidates)", "dspark_static": "DSpark (static)", "dspark_look_ahead": "DSpark (look-ahead)",
+    "dspark_shallow": "DSpark (⌈λ⌉ deep)",
 }
 
 

@@ -209,6 +209,17 @@ def gentle_step_curves(draw, max_width: int = 5):
 
 
 @st.composite
+def depth_cost_curves(draw, max_depth: int = 6):
+    """(γ ≥ 1, T(w) for w = 1..γ+1, D(d) for d = 1..γ): positive step and drafting seconds in any shape, drawn from
+    few values so that ties between widths are common."""
+    gamma = draw(st.integers(1, max_depth))
+    seconds = st.sampled_from([0.25, 0.5, 0.75, 1.0, 1.25, 1.5])
+    steps = draw(st.lists(seconds, min_size=gamma + 1, max_size=gamma + 1))
+    drafts = draw(st.lists(st.sampled_from([0.0, 0.125, 0.25, 0.5]), min_size=gamma, max_size=gamma))
+    return gamma, steps, drafts
+
+
+@st.composite
 def cost_grids(draw, max_size: int = 5):
     """(rows, tokens, step_seconds): strictly increasing grids of ints ≥ 1 and a noisy table of
     seconds [len(rows)][len(tokens)] (often not monotone, sometimes with ties and zeros)."""

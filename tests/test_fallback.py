@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from dspark.protocols import RowFallback
 from dspark.stats import StepRecord
 from dspark.types import GenerationStart, SamplingConfig
-from dspark.verify.fallback import GainPrior, GoodputFallback, best_drafted_rows, draft_depths, drafting_goodput, verified_gain
-from tests.strategies import fallback_problems
+from dspark.verify.fallback import GainPrior, GoodputFallback, best_drafted_rows, draft_depths, drafting_goodput, reach_depth, verified_gain
+from tests.strategies import depth_cost_curves, fallback_problems
 
 
 @attrs.frozen
@@ -501,6 +501,66 @@ def test_a_row_is_drafted_a_whole_block_deep_where_the_deeper_tokens_cost_next_t
     rows = torch.tensor([0])
     run.draft_rows(rows)
     run.observe(record([0], [True], [1], [1], survival=torch.tensor([[0.9, 0.0, 0.0, 0.0]])))
+    assert run.draft_rows(rows).tolist() == [depth]
+
+
+def test_reach_depth_by_hand():
+    """T(1, 1..6) = 1.0, 1.2, 1.1, 0.95, 1.0, 1.3 with D = 0.01 a token: from depth 1 (1.21) the deepest step no dearer is
+    4 (1.04), and from 2 too; from 3 (0.98) it stays; rising costs keep every depth; a row not drafted stays at 0."""
+    steps = [1.0, 1.2, 1.1, 0.95, 1.0, 1.3]
+
+    def step_time(rows, tokens):
+        return steps[tokens - 1]
+
+    def draft_time(rows, depth):
+        return 0.01 * depth
+
+    assert [reach_depth(depth, 1, 5, step_time, draft_time) for depth in range(6)] == [0, 4, 4, 3, 4, 5]
+    assert [reach_depth(depth, 1, 5, lambda rows, tokens: float(tokens), draft_time) for depth in range(1, 6)] == [1, 2, 3, 4, 5]
+
+
+@settings(max_examples=300, deadline=None)
+@given(depth_cost_curves())
+def test_reach_depth_is_the_deepest_step_no_dearer(curves):
+    """Whatever the shapes of T and D: the reached depth is in depth..γ, costs no more than depth's step, no deeper
+    one does, and reaching again from it stays there."""
+    gamma, steps, drafts = curves
+
+    def step_time(rows, tokens):
+        return steps[tokens - 1]
+
+    def draft_time(rows, depth):
+        return drafts[depth - 1]
+
+    def cost(depth):
+        return drafts[depth - 1] + steps[depth]
+
+    for depth in range(1, gamma + 1):
+        reached = reach_depth(depth, 2, gamma, step_time, draft_time)
+        assert depth <= reached <= gamma and cost(reached) <= cost(depth)
+        assert all(cost(deeper) > cost(depth) for deeper in range(reached + 1, gamma + 1))
+        assert reach_depth(reached, 2, gamma, step_time, draft_time) == reached
+
+
+@attrs.frozen
+class DippingCosts(Costs):
+    """A one-token step of 1.0, 1.3 for two tokens, 0.9 for four, 1.1 for three and five; drafting 0.1 a token deep."""
+
+    def step_time(self, rows: int, tokens: int) -> float:
+        return {1: 1.0, 2: 1.3, 3: 1.1, 4: 0.9, 5: 1.1}[tokens]
+
+    def draft_time(self, rows: int, depth: int | None = None) -> float:
+        return 0.1 * (4 if depth is None else depth)
+
+
+@pytest.mark.parametrize("reach, depth", [(True, 3), (False, 1)])
+def test_a_row_verified_one_token_deep_is_drafted_to_the_cheaper_wider_step(reach, depth):
+    """A row verified one token a step (λ = 1) is drafted 3 deep where a four-token step (0.9 + 0.3) costs less than a
+    two-token one (1.3 + 0.1), and 1 deep with ``reach_cheaper_widths=False``."""
+    run = GoodputFallback(smoothing=1.0, depth_margin=0, prior_weight=0.0, reach_cheaper_widths=reach).start(start(1), DippingCosts())
+    rows = torch.tensor([0])
+    run.draft_rows(rows)
+    run.observe(record([0], [True], [1], [1], survival=torch.tensor([[0.9, 0.5, 0.5, 0.5]])))
     assert run.draft_rows(rows).tolist() == [depth]
 
 

@@ -4,7 +4,7 @@ from dspark.verify.acceptance import greedy_accept, leading_true, rejection_samp
 from dspark.verify.calibration import BANDS, Calibration, CalibrationFile, CalibrationLog, CalibrationSet, band_of
 from dspark.verify.confidence import DraftProbability, DrafterConfidence, survival_products
 from dspark.verify.estimators import CalibratedConfidence, DriftCorrectedConfidence, LogisticConfidence, OnlineLogisticConfidence, calibrated_estimator, draft_signals
-from dspark.verify.fallback import GoodputFallback, best_drafted_rows, drafting_goodput
+from dspark.verify.fallback import GoodputFallback, best_drafted_rows, drafting_goodput, reach_depth
 from dspark.verify.policies import FixedLength, Threshold
 from dspark.verify.schedulers import HardwareAwareScheduler, MinimumGainRule, VllmArgmaxRule, prefix_schedule
 from dspark.verify.warping import warp_logits, warped_probs
@@ -35,6 +35,7 @@ __all__ = [
     "greedy_accept",
     "leading_true",
     "prefix_schedule",
+    "reach_depth",
     "rejection_sample",
     "residual_distribution",
     "survival_products",

@@ -76,6 +76,11 @@ and the row is drafted deeper from then on, while a margin on every step paid, o
 deeper pass and for the positions the scheduler then verified, where they were rarely worth it. Where a
 whole block costs no more than ``_PROBE_BUDGET`` of a one-token step over the depths chosen (prompt
 lookup), every drafted row is drafted γ deep: a shallower draft would only cut a long match short.
+With ``reach_cheaper_widths``, a depth d then grows to the deepest d' ≤ γ whose step, drafted d' deep and
+verified whole, costs no more than the d-deep one verified whole, D(R, d') + T(R, 1 + d') ≤ D(R, d) + T(R, 1 + d)
+(``reach_depth``): where the target's forward is cheaper at a wider step (a few-row matrix product takes a
+slow path on some CPUs), a shallow draft would keep the scheduler from the cheaper width, and what the
+deeper positions cost to draft is less than what that width saves.
 
 A row's first estimate is the gain drafted rows have shown at this batch size and sampling band in
 earlier generations (``GainPrior``, kept by the ``GoodputFallback``): what a drafting pass gains depends
@@ -133,7 +138,9 @@ from dspark.stats import StepRecord
 from dspark.types import GenerationStart
 from dspark.verify.calibration import band_of
 
-__all__ = ["GainPrior", "GoodputFallback", "GoodputFallbackRun", "best_drafted_rows", "draft_depths", "drafting_goodput", "verified_gain"]
+__all__ = [
+    "GainPrior", "GoodputFallback", "GoodputFallbackRun", "best_drafted_rows", "draft_depths", "drafting_goodput", "reach_depth", "verified_gain",
+]
 
 
 def draft_depths(answer: torch.Tensor | None, rows: int, max_draft_tokens: int) -> torch.Tensor:
@@ -147,6 +154,22 @@ def draft_depths(answer: torch.Tensor | None, rows: int, max_draft_tokens: int) 
     if answer.dtype == torch.bool:
         return answer.long() * max_draft_tokens
     return answer.long().clamp(0, max_draft_tokens)
+
+
+def reach_depth(
+    depth: int, rows: int, max_draft_tokens: int, step_time: Callable[[int, int], float], draft_time: Callable[[int, int], float]
+) -> int:
+    """The deepest d' in ``depth``..γ with D(R, d') + T(R, 1 + d') ≤ D(R, d) + T(R, 1 + d), d = ``depth``, R = ``rows``:
+    drafting d' deep and verifying the whole draft costs no more than doing so d deep (``draft_time(rows, depth)``
+    is D, ``step_time(rows, tokens)`` is T). ``depth`` itself where no deeper step is as cheap, as where T and D
+    grow with the width; a depth below 1 is returned unchanged (a row not drafted)."""
+    if depth < 1:
+        return depth
+    bound = draft_time(rows, depth) + step_time(rows, 1 + depth)
+    return max(
+        (deeper for deeper in range(depth, max_draft_tokens + 1) if draft_time(rows, deeper) + step_time(rows, 1 + deeper) <= bound),
+        default=depth,
+    )
 
 
 def verified_gain(record: StepRecord) -> torch.Tensor:
@@ -374,6 +397,8 @@ class GoodputFallback:
     been verifying for it, and ``depth_margin`` more on one of every ``probe_after`` of its drafted steps, so
     that it can verify more when the survival says so; the rest of a γ-token block would cost drafting
     time and rarely be verified. A row with no λ_r yet gets γ. None drafts γ for every drafted row.
+    ``reach_cheaper_widths``: draft such a row deeper still where a deeper draft verified whole costs no more
+    (``reach_depth``), so that the scheduler can reach a wider step the target runs faster; False keeps ⌈λ_r⌉.
 
     Subclass and override ``choose`` to change the rule while keeping the bookkeeping and the probes."""
 
@@ -381,6 +406,7 @@ class GoodputFallback:
     probe_after: int = attrs.field(default=8, validator=int_at_least(1))
     max_probe_interval: int = attrs.field(default=64, validator=int_at_least(1))
     depth_margin: int | None = attrs.field(default=1, validator=int_at_least(0, optional=True))
+    reach_cheaper_widths: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     prior: GainPrior = attrs.field(factory=GainPrior, eq=False, repr=False, validator=attrs.validators.instance_of(GainPrior))
     prior_weight: float = attrs.field(default=3.0)
     generation_probe_after: int = attrs.field(default=4, validator=int_at_least(1))
@@ -605,7 +631,8 @@ class GoodputFallbackRun:
     def depth(self, rows: list[int]) -> list[int]:
         """How many tokens to draft for each of ``rows`` if drafted (``depth_margin``): γ for every row where a whole
         block costs at most ``_PROBE_BUDGET`` of a one-token step more than the shallowest depth (savings that small
-        are not worth cutting a long match short)."""
+        are not worth cutting a long match short); else deepened to where a wider step is no dearer
+        (``reach_cheaper_widths``, ``reach_depth``)."""
         margin, gamma = self.fallback.depth_margin, self.max_draft_tokens
         whole_block = [gamma] * len(rows)
         if margin is None:
@@ -618,7 +645,12 @@ class GoodputFallbackRun:
         ]
         count, block = len(rows), max(gamma, 1)
         extra = self.cost_model.draft_time(count, block) - self.cost_model.draft_time(count, max(min(depths), 1))
-        return whole_block if extra <= _PROBE_BUDGET * self.cost_model.step_time(count, 1) else depths
+        if extra <= _PROBE_BUDGET * self.cost_model.step_time(count, 1):
+            return whole_block
+        if not self.fallback.reach_cheaper_widths:
+            return depths
+        reached = {depth: reach_depth(depth, count, gamma, self.cost_model.step_time, self.cost_model.draft_time) for depth in set(depths)}
+        return [reached[depth] for depth in depths]
 
     def _due(self, rows: list[int]) -> list[bool]:
         """Per row of ``rows``: due a probe, never measured in this generation or skipped for its wait."""
