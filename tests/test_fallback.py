@@ -505,18 +505,14 @@ def test_a_row_is_drafted_a_whole_block_deep_where_the_deeper_tokens_cost_next_t
 
 
 def test_reach_depth_by_hand():
-    """T(1, 1..6) = 1.0, 1.2, 1.1, 0.95, 1.0, 1.3 with D = 0.01 a token: from depth 1 (1.21) the deepest step no dearer is
-    4 (1.04), and from 2 too; from 3 (0.98) it stays; rising costs keep every depth; a row not drafted stays at 0."""
-    steps = [1.0, 1.2, 1.1, 0.95, 1.0, 1.3]
-
-    def step_time(rows, tokens):
-        return steps[tokens - 1]
-
-    def draft_time(rows, depth):
-        return 0.01 * depth
-
-    assert [reach_depth(depth, 1, 5, step_time, draft_time) for depth in range(6)] == [0, 4, 4, 3, 4, 5]
-    assert [reach_depth(depth, 1, 5, lambda rows, tokens: float(tokens), draft_time) for depth in range(1, 6)] == [1, 2, 3, 4, 5]
+    """T(1, 2..6) = 1.2, 1.1, 0.95, 1.0, 1.3 with D = 0.01 a token: from depths 1 (1.21) and 2 (1.12) the deepest step no
+    dearer is 4 (1.04); from 3 (0.98) it stays; rising costs keep every depth; a row not drafted stays at 0; a depth
+    past γ is refused."""
+    step_costs = [0.01 * depth + step for depth, step in enumerate([1.2, 1.1, 0.95, 1.0, 1.3], start=1)]
+    assert [reach_depth(depth, step_costs) for depth in range(6)] == [0, 4, 4, 3, 4, 5]
+    assert [reach_depth(depth, [1.0, 2.0, 3.0]) for depth in range(1, 4)] == [1, 2, 3]
+    with pytest.raises(ValueError, match="depth must be at most"):
+        reach_depth(4, [1.0, 2.0, 3.0])
 
 
 @settings(max_examples=300, deadline=None)
@@ -525,21 +521,12 @@ def test_reach_depth_is_the_deepest_step_no_dearer(curves):
     """Whatever the shapes of T and D: the reached depth is in depth..γ, costs no more than depth's step, no deeper
     one does, and reaching again from it stays there."""
     gamma, steps, drafts = curves
-
-    def step_time(rows, tokens):
-        return steps[tokens - 1]
-
-    def draft_time(rows, depth):
-        return drafts[depth - 1]
-
-    def cost(depth):
-        return drafts[depth - 1] + steps[depth]
-
+    step_costs = [drafts[depth - 1] + steps[depth] for depth in range(1, gamma + 1)]
     for depth in range(1, gamma + 1):
-        reached = reach_depth(depth, 2, gamma, step_time, draft_time)
-        assert depth <= reached <= gamma and cost(reached) <= cost(depth)
-        assert all(cost(deeper) > cost(depth) for deeper in range(reached + 1, gamma + 1))
-        assert reach_depth(reached, 2, gamma, step_time, draft_time) == reached
+        reached = reach_depth(depth, step_costs)
+        assert depth <= reached <= gamma and step_costs[reached - 1] <= step_costs[depth - 1]
+        assert all(step_costs[deeper - 1] > step_costs[depth - 1] for deeper in range(reached + 1, gamma + 1))
+        assert reach_depth(reached, step_costs) == reached
 
 
 @attrs.frozen

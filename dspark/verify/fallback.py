@@ -156,20 +156,16 @@ def draft_depths(answer: torch.Tensor | None, rows: int, max_draft_tokens: int) 
     return answer.long().clamp(0, max_draft_tokens)
 
 
-def reach_depth(
-    depth: int, rows: int, max_draft_tokens: int, step_time: Callable[[int, int], float], draft_time: Callable[[int, int], float]
-) -> int:
-    """The deepest d' in ``depth``..γ with D(R, d') + T(R, 1 + d') ≤ D(R, d) + T(R, 1 + d), d = ``depth``, R = ``rows``:
-    drafting d' deep and verifying the whole draft costs no more than doing so d deep (``draft_time(rows, depth)``
-    is D, ``step_time(rows, tokens)`` is T). ``depth`` itself where no deeper step is as cheap, as where T and D
-    grow with the width; a depth below 1 is returned unchanged (a row not drafted)."""
+def reach_depth(depth: int, step_costs: Sequence[float]) -> int:
+    """The deepest d' ≥ d = ``depth`` whose step costs no more than d's: ``step_costs[k − 1]`` is what drafting k tokens
+    deep and verifying them all costs, D(R, k) + T(R, 1 + k), for k = 1..γ. ``depth`` itself where no deeper step is
+    as cheap, as where T and D grow with the width; a depth below 1 (a row not drafted) is returned unchanged."""
     if depth < 1:
         return depth
-    bound = draft_time(rows, depth) + step_time(rows, 1 + depth)
-    return max(
-        (deeper for deeper in range(depth, max_draft_tokens + 1) if draft_time(rows, deeper) + step_time(rows, 1 + deeper) <= bound),
-        default=depth,
-    )
+    if depth > len(step_costs):
+        raise ValueError(f"depth must be at most γ = len(step_costs) = {len(step_costs)}, got {depth!r}")
+    bound = step_costs[depth - 1]
+    return max(deeper for deeper in range(depth, len(step_costs) + 1) if step_costs[deeper - 1] <= bound)
 
 
 def verified_gain(record: StepRecord) -> torch.Tensor:
@@ -649,8 +645,8 @@ class GoodputFallbackRun:
             return whole_block
         if not self.fallback.reach_cheaper_widths:
             return depths
-        reached = {depth: reach_depth(depth, count, gamma, self.cost_model.step_time, self.cost_model.draft_time) for depth in set(depths)}
-        return [reached[depth] for depth in depths]
+        step_costs = [self.cost_model.draft_time(count, depth) + self.cost_model.step_time(count, 1 + depth) for depth in range(1, gamma + 1)]
+        return [reach_depth(depth, step_costs) for depth in depths]
 
     def _due(self, rows: list[int]) -> list[bool]:
         """Per row of ``rows``: due a probe, never measured in this generation or skipped for its wait."""
