@@ -529,22 +529,12 @@ def test_reach_depth_is_the_deepest_step_no_dearer(curves):
         assert reach_depth(reached, step_costs) == reached
 
 
-@attrs.frozen
-class DippingCosts(Costs):
-    """A one-token step of 1.0, 1.3 for two tokens, 0.9 for four, 1.1 for three and five; drafting 0.1 a token deep."""
-
-    def step_time(self, rows: int, tokens: int) -> float:
-        return {1: 1.0, 2: 1.3, 3: 1.1, 4: 0.9, 5: 1.1}[tokens]
-
-    def draft_time(self, rows: int, depth: int | None = None) -> float:
-        return 0.1 * (4 if depth is None else depth)
-
-
 @pytest.mark.parametrize("reach, depth", [(True, 3), (False, 1)])
 def test_a_row_verified_one_token_deep_is_drafted_to_the_cheaper_wider_step(reach, depth):
-    """A row verified one token a step (λ = 1) is drafted 3 deep where a four-token step (0.9 + 0.3) costs less than a
-    two-token one (1.3 + 0.1), and 1 deep with ``reach_cheaper_widths=False``."""
-    run = GoodputFallback(smoothing=1.0, depth_margin=0, prior_weight=0.0, reach_cheaper_widths=reach).start(start(1), DippingCosts())
+    """Steps of 1.0, 1.3, 1.1, 0.9 and 1.1 for one to five tokens, drafting 0.1 a token deep: a row verified one token a
+    step (λ = 1) is drafted 3 deep, where a four-token step (0.9 + 0.3) costs less than a two-token one (1.3 + 0.1), and
+    1 deep with ``reach_cheaper_widths=False``."""
+    run = GoodputFallback(smoothing=1.0, depth_margin=0, prior_weight=0.0, reach_cheaper_widths=reach).start(start(1), WidthTable(seconds=(1.0, 1.3, 1.1, 0.9, 1.1), draft_row=0.0, draft_depth=0.1))
     rows = torch.tensor([0])
     run.draft_rows(rows)
     run.observe(record([0], [True], [1], [1], survival=torch.tensor([[0.9, 0.5, 0.5, 0.5]])))
@@ -713,17 +703,19 @@ def test_a_probes_wait_doubles_only_while_probing_stays_within_its_budget(draft_
 
 @attrs.frozen
 class WidthTable:
-    """T(R, w) = seconds[w − 1] at any R: a step verifying four tokens costs 10% over one token, one verifying a single
-    token 16% over (the shape measured on a CPU where two-row products are slow); D(k) = draft_row·k."""
+    """T(R, w) = seconds[w − 1] at any R: by default a step verifying four tokens costs 10% over one token, one verifying
+    a single token 16% over (the shape measured on a CPU where two-row products are slow); D(k, d) = draft_row·k +
+    draft_depth·d (d = 4, the whole block, when None)."""
 
     seconds: tuple[float, ...] = (1.0, 1.16, 1.13, 1.12, 1.10)
     draft_row: float = 0.02
+    draft_depth: float = 0.0
 
     def step_time(self, rows: int, tokens: int) -> float:
         return self.seconds[tokens - 1]
 
     def draft_time(self, rows: int, depth: int | None = None) -> float:
-        return self.draft_row * rows
+        return self.draft_row * rows + self.draft_depth * (4 if depth is None else depth)
 
 
 def _bursty_run(verify_lengths: list[int], accepted: list[int]):
