@@ -29,9 +29,9 @@ class Costs:
         return self.draft_base + self.draft_row * rows
 
 
-def start(rows: int, priority=None, prompt_length=None, reads_features=True) -> GenerationStart:
+def start(rows: int, priority=None, prompt_length=None) -> GenerationStart:
     return GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(), priority=priority,
-                           prompt_length=prompt_length, reads_features=reads_features)
+                           prompt_length=prompt_length)
 
 
 def record(rows, drafted, verify_lengths, accepted, survival=None, draft_seconds=0.0) -> StepRecord:
@@ -334,17 +334,14 @@ def test_a_generation_whose_first_choice_drafts_for_no_row_runs_as_plain_decodin
     assert fallback.start(start(2), Costs(draft_row=0.3)).drafts is True  # rows here now gain 3 tokens a step
 
 
-@pytest.mark.parametrize(
-    "draft_row, min_gain, reads_features, drafts",
-    [(0.2, 0.05, True, True), (0.23, 0.05, True, False), (0.23, 0.0, True, True), (0.23, 0.05, False, True)],
-)
-def test_a_generation_drafts_only_where_its_first_choice_gains_generation_min_gain(draft_row, min_gain, reads_features, drafts):
+@pytest.mark.parametrize("draft_row, min_gain, drafts", [(0.2, 0.05, True), (0.23, 0.05, False), (0.23, 0.0, True)])
+def test_a_generation_drafts_only_where_its_first_choice_gains_generation_min_gain(draft_row, min_gain, drafts):
     """Rows here gained 0.5 a step; drafting both costs 0.4 or 0.46 of a step, so Θ = 3 / 1.4 or 3 / 1.46 against 2
     tokens a step drafting none: +7.1% or +2.7%. The generation drafts at generation_min_gain=0.05 in the first case
-    only, and in both at 0; a drafter that reads no target features (prompt lookup) is asked no margin."""
+    only, and in both at 0."""
     fallback = GoodputFallback(generation_min_gain=min_gain)
     fallback.prior.update("greedy", 2, torch.full((8,), 0.5, dtype=torch.float64), torch.ones(8, dtype=torch.long))
-    run = fallback.start(start(2, reads_features=reads_features), Costs(draft_row=draft_row))
+    run = fallback.start(start(2), Costs(draft_row=draft_row))
     rows = [0, 1]
     assert run.predicted_gain(rows, [True, True], run.depth(rows)) == pytest.approx(3 / (1 + 2 * draft_row) / 2 - 1)
     assert run.predicted_gain(rows, [False, False], run.depth(rows)) == 0.0  # drafting no row adds nothing
