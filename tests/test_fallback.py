@@ -534,7 +534,8 @@ def test_a_row_verified_one_token_deep_is_drafted_to_the_cheaper_wider_step(reac
     """Steps of 1.0, 1.3, 1.1, 0.9 and 1.1 for one to five tokens, drafting 0.1 a token deep: a row verified one token a
     step (λ = 1) is drafted 3 deep, where a four-token step (0.9 + 0.3) costs less than a two-token one (1.3 + 0.1), and
     1 deep with ``reach_cheaper_widths=False``."""
-    run = GoodputFallback(smoothing=1.0, depth_margin=0, prior_weight=0.0, reach_cheaper_widths=reach).start(start(1), WidthTable(seconds=(1.0, 1.3, 1.1, 0.9, 1.1), draft_row=0.0, draft_depth=0.1))
+    dipping = WidthTable(seconds=(1.0, 1.3, 1.1, 0.9, 1.1), draft_row=0.0, draft_depth=0.1)
+    run = GoodputFallback(smoothing=1.0, depth_margin=0, prior_weight=0.0, reach_cheaper_widths=reach).start(start(1), dipping)
     rows = torch.tensor([0])
     run.draft_rows(rows)
     run.observe(record([0], [True], [1], [1], survival=torch.tensor([[0.9, 0.5, 0.5, 0.5]])))
