@@ -178,7 +178,7 @@ def run_generation(spec: LoopSpec, input_ids: torch.Tensor, attention_mask: torc
     records = []
     generation = GenerationStart(rows=batch, device=device, max_draft_tokens=strategy.max_draft_tokens,
                                  max_length=prompt_length + spec.max_new_tokens, sampling=spec.sampling, priority=spec.priority,
-                                 prompt_length=prompt_length, reads_features=bool(strategy.target_layers))
+                                 prompt_length=prompt_length)
     # The cost model first: it may switch to a table of this generation's shape, which the fallback reads.
     cost_start = hook(strategy.cost_model, "start", COST_MODEL_HOOKS)
     if cost_start is not None:

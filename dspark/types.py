@@ -40,9 +40,7 @@ class GenerationStart:
     ``priority``: each row's weight w_r > 0 as the caller of ``generate`` gave it (FloatTensor[rows],
     None: all equal), which goodput-maximising parts weigh the row's tokens by; ``prompt_length``: the
     padded prompt's length, the context every row's cache starts from (None where unknown), which
-    cost models that depend on the context read; ``reads_features``: whether the drafter reads the target's
-    hidden states (its ``target_layers`` are not empty), which a drafting generation then asks every target
-    forward for, the prompt's included (True where unknown: the dearer case).
+    cost models that depend on the context read.
     """
 
     rows: int = attrs.field(validator=int_at_least(0))
@@ -52,7 +50,6 @@ class GenerationStart:
     sampling: SamplingConfig = attrs.field(validator=attrs.validators.instance_of(SamplingConfig))
     priority: torch.Tensor | None = None
     prompt_length: int | None = attrs.field(default=None, validator=int_at_least(0, optional=True))
-    reads_features: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self):
         if self.prompt_length is not None and self.prompt_length > self.max_length:

@@ -29,9 +29,9 @@ class Costs:
         return self.draft_base + self.draft_row * rows
 
 
-def start(rows: int, priority=None, prompt_length=None, reads_features=True) -> GenerationStart:
+def start(rows: int, priority=None, prompt_length=None) -> GenerationStart:
     return GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=4, max_length=64, sampling=SamplingConfig(), priority=priority,
-                           prompt_length=prompt_length, reads_features=reads_features)
+                           prompt_length=prompt_length)
 
 
 def record(rows, drafted, verify_lengths, accepted, survival=None, draft_seconds=0.0) -> StepRecord:
@@ -345,18 +345,6 @@ def test_a_generation_drafts_only_where_its_first_choice_gains_generation_min_ga
     rows = [0, 1]
     assert run.predicted_gain(rows, [True, True], run.depth(rows)) == pytest.approx(3 / (1 + 2 * draft_row) / 2 - 1)
     assert run.predicted_gain(rows, [False, False], run.depth(rows)) == 0.0  # drafting no row adds nothing
-    assert run.drafts is drafts
-
-
-@pytest.mark.parametrize("reads_features, drafts", [(True, False), (False, True)])
-def test_a_drafter_that_reads_no_target_features_is_asked_no_generation_margin(reads_features, drafts):
-    """Rows here gained 0.5 a step and drafting both costs 0.46 of a step: +2.7%, under the 5% generation_min_gain. With
-    a drafter that reads the target's features the generation runs as plain decoding; with one that reads none
-    (prompt lookup) it drafts, as at one row."""
-    fallback = GoodputFallback()
-    fallback.prior.update("greedy", 2, torch.full((8,), 0.5, dtype=torch.float64), torch.ones(8, dtype=torch.long))
-    run = fallback.start(start(2, reads_features=reads_features), Costs(draft_row=0.23))
-    assert run.predicted_gain([0, 1], [True, True], run.depth([0, 1])) == pytest.approx(3 / 1.46 / 2 - 1)
     assert run.drafts is drafts
 
 

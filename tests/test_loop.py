@@ -8,7 +8,7 @@ import dspark
 from dspark.drafters import DraftModelDrafter, PromptLookupDrafter
 from dspark.verify import DrafterConfidence, DraftProbability, FixedLength, GoodputFallback, HardwareAwareScheduler, Threshold
 from dspark.kv import HOLE_SHARE, hole_allowance
-from tests.conftest import ARCHITECTURES, build_model, left_padded_batch, tiny_semi_ar_drafter
+from tests.conftest import ARCHITECTURES, build_model, left_padded_batch
 
 PROMPT_LENGTHS = [7, 12, 3, 9]
 
@@ -283,18 +283,6 @@ def test_cost_model_start_comes_first_with_the_prompts_padded_length(llama):
     assert kind == "start" and [event[0] for event in cost_model.events].count("start") == 1
     assert (generation.rows, generation.prompt_length, generation.max_length) == (3, input_ids.shape[1], input_ids.shape[1] + 9)
     assert len(cost_model.events) > 1
-
-
-@pytest.mark.parametrize("semi_ar", [False, True])
-def test_generation_start_says_whether_the_drafter_reads_target_features(llama, semi_ar):
-    """GenerationStart.reads_features is True for a drafter with target_layers (semi-AR) and False for prompt lookup."""
-    input_ids, attention_mask = left_padded_batch([6, 9], seed=4)
-    drafter = tiny_semi_ar_drafter(llama) if semi_ar else PromptLookupDrafter(min_ngram=1)
-    cost_model = RecordingCostModel()
-    model = dspark.wrap(llama, drafter, policy=FixedLength(2), cost_model=cost_model)
-    model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=4)
-    kind, generation = cost_model.events[0]
-    assert kind == "start" and generation.reads_features is semi_ar
 
 
 class RecordingEstimator:

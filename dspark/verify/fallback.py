@@ -113,11 +113,6 @@ generation where drafting does not pay stops drafting soon. A plain generation, 
 where drafting every step gained 4–11% over plain decoding (prompt lookup's fixed γ at c = 1 in
 ``bench_load_grid_prompt_lookup.json``), estimates near the margin kept generations plain: DSpark reached τ 1.01
 there, where fixed γ reached 1.17.
-Nor is the margin asked of a drafter that reads none of the target's features (``GenerationStart.reads_features``
-False, as prompt lookup): it has no features to pay for and no prompt to read in a first pass, the margin's largest
-items, and its drafting, about 1% of a step here, leaves a generation little to save by not drafting, while a plain
-generation learns nothing. With the margin, prompt lookup at two rows ran three generations in four as plain decoding
-after one prompt where it found few matches, at τ 1.00 where fixed γ reached 1.17 (a probe, not kept).
 To notice when drafting starts to pay again, after ``generation_probe_after`` such generations in a row at one
 batch size and band one is probed: its first step drafts for every row, and the rows go on by the rules above;
 the wait doubles after each probed one, up to ``max_generation_probe_interval`` (``GainPrior.idle_generation``),
@@ -389,8 +384,7 @@ class GoodputFallback:
 
     ``generation_min_gain``, ``generation_probe_after``, ``max_generation_probe_interval``: a generation whose first
     choice probes no row and drafts for none, or for rows predicted to raise the goodput by less than
-    ``generation_min_gain`` (a share of plain decoding's; not asked of a one-row generation, nor where the drafter reads no
-    target features, ``GenerationStart.reads_features``), runs as plain
+    ``generation_min_gain`` (a share of plain decoding's; not asked of a one-row generation), runs as plain
     decoding (``GoodputFallbackRun.drafts``),
     except that after ``generation_probe_after`` such generations in a row of one batch size and band, one drafts
     its first step for every row, and the wait doubles after each, up to ``max_generation_probe_interval``; a
@@ -457,7 +451,7 @@ class GoodputFallbackRun:
     def __init__(self, fallback: GoodputFallback, generation: GenerationStart, cost_model: CostModel):
         batch = generation.rows
         self.fallback, self.cost_model, self.band = fallback, cost_model, band_of(generation.sampling)
-        self.max_draft_tokens, self.reads_features = generation.max_draft_tokens, generation.reads_features
+        self.max_draft_tokens = generation.max_draft_tokens
         self.priority = [1.0] * batch if generation.priority is None else generation.priority.detach().double().cpu().tolist()
         self.gain = [0.0] * batch
         self.verify = [0.0] * batch
@@ -482,14 +476,12 @@ class GoodputFallbackRun:
 
     def _first_choice_drafts(self, batch: int) -> bool:
         """Whether this generation drafts (``FALLBACK_RUN_HOOKS``): when its first step's choice probes a row or drafts
-        for rows predicted to raise Θ by ``generation_min_gain`` at least (any predicted gain, at one row or for a drafter that
-        reads no target features), or when
+        for rows predicted to raise Θ by ``generation_min_gain`` at least (any predicted gain, at one row), or when
         it is the prior's turn to probe a batch of this size and band (``GainPrior.idle_generation``); module
         docstring."""
         rows = list(range(batch))
         chosen, probes, depths = self._choice(rows)
-        priced = batch > 1 and self.reads_features  # module docstring: what the margin prices
-        min_gain = self.fallback.generation_min_gain if priced else 0.0
+        min_gain = self.fallback.generation_min_gain if batch > 1 else 0.0  # module docstring: what the margin prices
         if any(probes) or (any(chosen) and self.predicted_gain(rows, chosen, depths) >= min_gain):
             self.fallback.prior.drafting_generation(self.band, batch)
             return True
