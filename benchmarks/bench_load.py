@@ -161,13 +161,15 @@ def _entry(
 ) -> tuple[dict, list]:
     """A policy's medians over its timed rounds (each the sum over the batches), each round's tokens/s (wall and
     decoding alone) and each batch's in each round (``batch_rates``, wall), τ and the verify length over its last
-    round's batches, and its tokens."""
+    round's batches, the share of its rows' steps the drafter was asked for, and its tokens."""
     seconds, decode_seconds = statistics.median(walls), statistics.median(decodes)
     rows = batches[0]["input_ids"].shape[0]
     records = [record for result in results for record in result.stats.records]
     new_tokens = sum(result.stats.new_tokens for result in results)
     row_steps = sum(record.rows.numel() for record in records)
     verified = sum(int(record.verify_lengths.sum()) for record in records)
+    # Rows the drafter was asked for: a generation run as plain decoding, or a row the fallback skips, is not.
+    asked = sum(int((record.drafted > 0 if record.drafted_for is None else record.drafted_for).sum()) for record in records)
     tokens = []
     for batch, result in zip(batches, results):
         tokens += generated_tokens(result.sequences, batch["input_ids"].shape[1], target.generation_config.eos_token_id)
@@ -178,6 +180,7 @@ def _entry(
         "decode_tokens_per_s": new_tokens / decode_seconds,
         "tau": new_tokens / max(row_steps, 1),
         "mean_verify_length": verified / max(row_steps, 1),
+        "drafted_share": asked / max(row_steps, 1),
         "seconds": seconds,
         "decode_seconds": decode_seconds,
         "repeats": len(walls),

@@ -118,8 +118,8 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     """One drafter's part of a ``benchmarks/bench_load.py`` report as an RST table, a row per concurrency c: each
     policy's speed over plain decoding, then DSpark's over the best static policy and over the vLLM rule, its ratio
     to plain decoding in each timed round (where the report keeps rounds: their spread is the machine's noise) and,
-    where the report holds the A/A control ``plain_again``, that control's ratio in each round, then DSpark's τ and its
-    mean verify length ℓ. A cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where the
+    where the report holds the A/A control ``plain_again``, that control's ratio in each round, then DSpark's τ, its
+    mean verify length ℓ and, where the report keeps it, the share of its rows' steps the drafter was asked for. A cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where the
     report has none. ``prefix`` ``"decode_"`` gives the ratios of decoding alone, ``"paired_"`` the medians of
     per-batch ratios (``paired_ratio``)."""
     if prefix not in ("", "decode_", "paired_"):
@@ -153,6 +153,8 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
                 columns["A/A by round"] = lambda entries: ", ".join(f"{ratio:.2f}" for ratio in entries["plain_again"][prefix + "vs_plain_rounds"])
         columns["DSpark τ"] = lambda entries: f"{entries['dspark']['tau']:.2f}"
         columns["DSpark ℓ"] = lambda entries: f"{entries['dspark']['mean_verify_length']:.2f}"
+        if any("drafted_share" in entries.get("dspark", {}) for entries in settings):
+            columns["DSpark drafted"] = lambda entries: f"{entries['dspark']['drafted_share']:.2f}"
     header = ["c", *columns]
     body = [[c, *(cell(c, read) for read in columns.values())] for c in concurrencies]
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]

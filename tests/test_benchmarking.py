@@ -119,6 +119,15 @@ def test_load_table_shows_the_a_a_control_and_its_rounds():
     assert row[1] == "0.99 / 0.99" and row[header.index("A/A by round")] == "0.97, 1.01 / 0.97, 1.01"
 
 
+def test_load_table_shows_the_drafted_share_where_the_report_keeps_it():
+    """A report whose entries keep drafted_share gets a last column of DSpark's, '–' where a setting lacks it."""
+    report = _load_report()
+    assert "DSpark drafted" not in load_table(report, "shipped")
+    report["results"]["shipped"]["greedy"]["1"]["dspark"]["drafted_share"] = 0.36
+    lines = load_table(report, "shipped").splitlines()
+    assert _cells(lines[1])[-1] == "DSpark drafted" and _cells(lines[3])[-1] == "0.36 / –" and _cells(lines[4])[-1] == "– / –"
+
+
 def test_load_table_reads_the_paired_medians():
     """With the paired_ prefix every ratio column, the rounds included, reads the medians of per-batch ratios; τ and ℓ stay."""
     row = _cells(load_table(_load_report(), "shipped", "paired_").splitlines()[3])
