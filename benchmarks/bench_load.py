@@ -192,16 +192,20 @@ def _entry(
     return entry, tokens
 
 
-def _run_setting(target, policies: dict, batches: list, sampling, max_new_tokens: int, repeats: int, bar) -> tuple[dict, dict]:
-    """Every policy on every batch: an untimed warm-up each on every batch, then ``repeats`` rounds
-    that time every policy on each batch in turn, so that drift in the machine's speed hits all of them
-    alike, in an order drawn anew (seeded) at every batch. Returns (entries, tokens) by name."""
+def _run_setting(
+    target, policies: dict, warm_up_policies: dict, batches: list, sampling, max_new_tokens: int, repeats: int, bar
+) -> tuple[dict, dict]:
+    """Every policy on every batch: an untimed warm-up of its twin in ``warm_up_policies`` on every batch, then
+    ``repeats`` rounds that time every policy on each batch in turn, so that drift in the machine's speed hits all
+    of them alike, in an order drawn anew (seeded) at every batch. Returns (entries, tokens) by name."""
     models = {name: dspark.SpeculativeModel(target, strategy) for name, strategy in policies.items()}
-    for model in models.values():
+    for strategy in warm_up_policies.values():
         # A new batch shape pays one-off set-up (allocations, kernel choices, and the cost model's table of
-        # that shape, profiled the first time): every batch, since each may have another prompt length.
+        # that shape, profiled the first time): every batch, since each may have another prompt length. A twin
+        # pays it, so that no timed policy learns from four-token generations of the very prompts it is timed on.
+        warm_up = dspark.SpeculativeModel(target, strategy)
         for batch in batches:
-            _timed(model, batch, sampling, 4)
+            _timed(warm_up, batch, sampling, 4)
     rounds = {name: [] for name in models}  # per round: (wall, decode, results, each batch's tokens/s), summed over the batches
     names = list(models)
     for round_index in range(repeats):
@@ -332,16 +336,16 @@ def main(argv: list[str] | None = None) -> dict:
     runs = len(drafters) * len(args.modes) * len(args.concurrency) * len(args.policies)
     with tqdm(total=runs, desc="load runs", unit="run", mininterval=30) as bar:
         for drafter_name, (drafter, make_confidence, gamma) in drafters.items():
-            policies = None  # built where this drafter has a setting left to measure
+            policies = warm_up_policies = None  # built where this drafter has a setting left to measure
             for mode in args.modes:
                 for c in args.concurrency:
                     if str(c) in report["results"].get(drafter_name, {}).get(mode, {}):
                         bar.update(len(args.policies))  # measured, with the rest of this drafter, before the run was cut
                         continue
                     if policies is None:
-                        policies = _policies(target, drafter, make_confidence, gamma, args.policies)
+                        policies, warm_up_policies = (_policies(target, drafter, make_confidence, gamma, args.policies) for _ in range(2))
                     batches = [encode_chat(bundle.tokenizer, messages[start : start + c]) for start in range(0, c * batches_at[c], c)]
-                    entries, tokens = _run_setting(target, policies, batches, MODES[mode], args.max_new_tokens, args.repeats, bar)
+                    entries, tokens = _run_setting(target, policies, warm_up_policies, batches, MODES[mode], args.max_new_tokens, args.repeats, bar)
                     if mode == "greedy":
                         report["mismatches"] += [{"drafter": drafter_name, "c": c, "policy": name} for name in tokens if tokens[name] != tokens["plain"]]
                     plain = entries["plain"]["aggregate_tokens_per_s"]
