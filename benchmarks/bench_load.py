@@ -168,8 +168,8 @@ def _entry(
     new_tokens = sum(result.stats.new_tokens for result in results)
     row_steps = sum(record.rows.numel() for record in records)
     verified = sum(int(record.verify_lengths.sum()) for record in records)
-    # Rows the drafter was asked for: a generation run as plain decoding, or a row the fallback skips, is not.
-    asked = sum(int((record.drafted > 0 if record.drafted_for is None else record.drafted_for).sum()) for record in records)
+    # A generation run as plain decoding, or a row the fallback skips, is not asked for a draft.
+    asked = sum(int(record.asked.sum()) for record in records)
     tokens = []
     for batch, result in zip(batches, results):
         tokens += generated_tokens(result.sequences, batch["input_ids"].shape[1], target.generation_config.eos_token_id)
@@ -343,7 +343,8 @@ def main(argv: list[str] | None = None) -> dict:
                         bar.update(len(args.policies))  # measured, with the rest of this drafter, before the run was cut
                         continue
                     if policies is None:
-                        policies, warm_up_policies = (_policies(target, drafter, make_confidence, gamma, args.policies) for _ in range(2))
+                        policies = _policies(target, drafter, make_confidence, gamma, args.policies)
+                        warm_up_policies = _policies(target, drafter, make_confidence, gamma, args.policies)
                     batches = [encode_chat(bundle.tokenizer, messages[start : start + c]) for start in range(0, c * batches_at[c], c)]
                     entries, tokens = _run_setting(target, policies, warm_up_policies, batches, MODES[mode], args.max_new_tokens, args.repeats, bar)
                     if mode == "greedy":

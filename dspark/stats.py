@@ -39,6 +39,12 @@ class StepRecord:
     estimator: dict | None = None
     drafted_for: torch.Tensor | None = None
 
+    @property
+    def asked(self) -> torch.Tensor:
+        """BoolTensor[R], the rows the drafter was asked to draft for: ``drafted_for``, else (a record not made by the
+        loop) the rows that hold a proposal."""
+        return self.drafted > 0 if self.drafted_for is None else self.drafted_for
+
 
 @attrs.frozen
 class VerifiedToken:

@@ -681,7 +681,7 @@ class GoodputFallbackRun:
         pass after unread columns (the prompt, skipped steps), learn the catch-up per row and column from what the
         pass took over the cost model's ``draft_time``."""
         rows = record.rows.tolist()
-        drafted = (record.drafted > 0 if record.drafted_for is None else record.drafted_for).tolist()
+        drafted = record.asked.tolist()
         self.steps_left -= 1
         if not any(drafted):
             self.idle_seconds = record.draft_seconds if self.idle_seconds is None else min(self.idle_seconds, record.draft_seconds)
