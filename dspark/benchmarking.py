@@ -120,8 +120,8 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     to plain decoding in each timed round (where the report keeps rounds: their spread is the machine's noise) and,
     where the report holds the A/A control ``plain_again``, that control's ratio in each round, then DSpark's τ, its
     mean verify length ℓ and, where the report keeps it, the share of its rows' steps the drafter was asked for. A
-    cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where the report has none. ``prefix`` ``"decode_"`` gives the ratios of decoding alone, ``"paired_"`` the medians of
-    per-batch ratios (``paired_ratio``)."""
+    cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where the report has none. ``prefix``
+    ``"decode_"`` gives the ratios of decoding alone, ``"paired_"`` the medians of per-batch ratios (``paired_ratio``)."""
     if prefix not in ("", "decode_", "paired_"):
         raise ValueError(f"prefix must be '', 'decode_' or 'paired_', got {prefix!r}")
     by_mode = report["results"].get(drafter)
