@@ -9,6 +9,9 @@ target forward:
 * ``fast_path_one_row_weights``: the same on a second fast path whose one-row products never read a
   weight copy, what revision 3 did everywhere (``FastPath.measure_one_row`` decides that per machine and
   model; its measurement, made in this run on a fresh cache, is in ``one_row``);
+* ``fast_path_as_ranked``: the same on a fast path whose products never all run transposed, each product as its
+  own ranking, what revision 5 did everywhere (``FastPath.measure_transposed`` decides that per machine, model
+  and row count; its measurement is in ``transposed``);
 * ``intercepted``: the plain forward under a ``TorchFunctionMode`` that passes every call through
   unchanged, which is what routing by a mode costs before it does any work (the reason the fast
   path routes ``F.linear`` alone).
@@ -102,10 +105,14 @@ def main(argv: list[str] | None = None) -> dict:
     one_row = fast_path.measure_one_row(target)
     one_row_weights = dspark.fast_path.FastPath.for_model(target, cache_dir=cache.name, progress=False)
     one_row_weights._use_one_row(dspark.fast_path.linear_weights(target), False)
+    transposed = fast_path.measure_transposed(target)
+    as_ranked = dspark.fast_path.FastPath.for_model(target, cache_dir=cache.name, progress=False)
+    as_ranked._use_transposed(dspark.fast_path.linear_weights(target), set())
     arms = {
         "plain": lambda tokens: measure_step_time(target, 1, tokens, args.context, repeats=3).seconds,
         "fast_path": lambda tokens: measure_step_time(target, 1, tokens, args.context, fast_path=fast_path, repeats=3).seconds,
         "fast_path_one_row_weights": lambda tokens: measure_step_time(target, 1, tokens, args.context, fast_path=one_row_weights, repeats=3).seconds,
+        "fast_path_as_ranked": lambda tokens: measure_step_time(target, 1, tokens, args.context, fast_path=as_ranked, repeats=3).seconds,
     }
 
     def intercepted(tokens: int) -> float:
@@ -126,12 +133,13 @@ def main(argv: list[str] | None = None) -> dict:
             **{f"{name}_ms": value * 1e3 for name, value in median.items()},
             "fast_path_speedup": median["plain"] / median["fast_path"],
             "one_row_weights_speedup": median["plain"] / median["fast_path_one_row_weights"],
+            "as_ranked_speedup": median["plain"] / median["fast_path_as_ranked"],
             "interception_ms": (median["intercepted"] - median["plain"]) * 1e3,
             **switches[tokens],
         }
         print(f"{tokens} new tokens: plain {median['plain'] * 1e3:.1f} ms, fast path {median['fast_path'] * 1e3:.1f} ms "
               f"({results[str(tokens)]['fast_path_speedup']:.2f}x; one-row products on the weights "
-              f"{median['fast_path_one_row_weights'] * 1e3:.1f} ms), a pass-through TorchFunctionMode adds {results[str(tokens)]['interception_ms']:.1f} ms; "
+              f"{median['fast_path_one_row_weights'] * 1e3:.1f} ms, every product as ranked {median['fast_path_as_ranked'] * 1e3:.1f} ms), a pass-through TorchFunctionMode adds {results[str(tokens)]['interception_ms']:.1f} ms; "
               f"after {args.switch_after} one-token forwards: plain {switches[tokens]['plain_after_switch_ms']:.1f} ms "
               f"(steady {switches[tokens]['plain_steady_ms']:.1f}), fast path {switches[tokens]['fast_path_after_switch_ms']:.1f} ms "
               f"(steady {switches[tokens]['fast_path_steady_ms']:.1f})")
@@ -140,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": {**vars(args), "output": str(args.output), "threads": torch.get_num_threads(), "fast_path_revision": dspark.fast_path.REVISION},
         "machine": dspark.fast_path._machine_fingerprint(),
         "one_row": None if one_row is None else {**attrs.asdict(one_row), "copies": one_row.copies},
+        "transposed": {str(count): {**attrs.asdict(choice), "transposed": choice.transposed} for count, choice in transposed.items()},
         "results": results,
     }
     write_json(args.output, report)

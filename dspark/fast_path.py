@@ -7,7 +7,9 @@ the weights once, whatever the row count. On CPU builds of PyTorch it often is n
 ``y = x Wᵀ (+ b)`` with x [M, in] and W [out, in], this module times these exact formulations:
 
 * ``linear``: ``F.linear(x, W, b)``, PyTorch's own choice;
-* ``transposed``: ``(W xᵀ)ᵀ``, which BLAS runs as a wide, short product;
+* ``transposed``: ``(W xᵀ)ᵀ``, which BLAS runs as a wide, short product (one row is padded to two:
+  with one column MKL takes its matrix-vector path, with two its small-N product, which on a 2-core
+  EPYC streamed the weights far faster);
 * ``pretransposed``: ``x (Wᵀ)`` against a contiguous copy of Wᵀ;
 * ``packed``: oneDNN's linear against a copy of W packed into its blocked layout.
 
@@ -16,7 +18,8 @@ with ``F.linear`` to float rounding, caches the ranking on disk (one file per Py
 processor and thread count), uses another formulation than ``F.linear`` only where it was timed
 clearly faster (``FastPath._ranking``), lets a model's one-row products read its weight copies only where
 whole one-token forwards of that model ran faster so (``FastPath.measure_one_row``: timed alone, the weight
-sits in cache, which misleads at one row), and routes calls through it only inside :meth:`FastPath.active`:
+sits in cache, which misleads at one row), runs every product of a few-row forward ``transposed`` where whole
+forwards of the model over that many rows ran faster so (``FastPath.measure_transposed``), and routes calls through it only inside :meth:`FastPath.active`:
 the model is never modified and outside that block ``model.generate`` runs as before. The two copying formulations hold a copy of the weight; the copies live in the
 ``FastPath``, never on the model, go only to weights granted by ``reserve`` (by measured gain per
 byte), and their total stays within ``copy_budget`` bytes.
@@ -43,16 +46,18 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from dspark.checks import check_int, check_seconds
+from dspark.checks import check_int, check_seconds, int_at_least
 
 __all__ = [
     "FORMULATIONS",
     "REFERENCE_ROWS",
     "REVISION",
+    "TRANSPOSED_ROWS",
     "TUNED_ROWS",
     "FastPath",
     "LinearChoice",
     "OneRowChoice",
+    "TransposedChoice",
     "default_cache_dir",
     "default_copy_budget",
     "linear_weights",
@@ -74,20 +79,25 @@ _MAX_TUNED_ROWS = 512
 REFERENCE_ROWS = (8,)
 # Another formulation replaces F.linear only where it was timed this many times faster (FastPath._ranking).
 _MARGIN = 1.25
-_CACHE_VERSION = 1
+# 2: ``transposed`` pads one row to two, so its one-row timings measured another product.
+_CACHE_VERSION = 2
 #: Raised whenever a change to the fast path changes how long forwards take, so that timings measured
 #: on an earlier one (``ProfiledCostModel`` tables) are measured again. 2: F.linear routed alone.
 #: 3: F.linear unless another formulation was timed 1.25x faster, and no copy for one row.
 #: 4: a model's one-row products read its copies where whole one-token forwards ran faster so.
 #: 5: so do a drafter's (``dspark.wrap``), where its one-row drafting passes ran faster so.
-REVISION = 5
-# A model's one-row products read its weight copies only where one-token forwards ran this many times faster so:
-# below that the medians of a few forwards cannot tell the two apart on a loaded machine, and the copies' extra
-# operations would then be paid on every one-token step for a gain that may not be there.
-_ONE_ROW_MARGIN = 1.05
-# Rounds of the one-row measurement (each times both ways, in alternating order) and forwards per way and round.
-_ONE_ROW_ROUNDS = 3
-_ONE_ROW_REPEATS = 5
+#: 6: a model's few-row products run transposed where its whole forwards ran faster so, one row padded to two.
+REVISION = 6
+# A whole-forward rule (one-row copies, transposed products) changes a model's products only where its forwards ran
+# this many times faster so: below that the medians of a few forwards cannot tell the two apart on a loaded machine,
+# and the rule's extra operations would then be paid on every such step for a gain that may not be there.
+_FORWARD_MARGIN = 1.05
+# Rounds of a whole-forward measurement (each times both ways, in alternating order) and forwards per way and round.
+_FORWARD_ROUNDS = 3
+_FORWARD_REPEATS = 5
+#: Product row counts (rows × new tokens of a forward) at which whole forwards decide whether every product of a
+#: model runs ``transposed`` (``FastPath.measure_transposed``): where BLAS kernels for few rows differ most.
+TRANSPOSED_ROWS = tuple(range(1, 9))
 # The kernel itself, kept before any routing: inside active() ``F.linear`` is the router.
 _F_LINEAR = F.linear
 
@@ -169,14 +179,30 @@ class OneRowChoice:
     """Whether a model's one-row products read its weight copies, from whole one-token forwards of that
     model timed both ways (``FastPath.measure_one_row``): ``seconds_without``, every one-row product on
     the original weights; ``seconds_with``, each weight that holds a copy reading the copy, as wider
-    products do. ``copies``: the copies made the forward at least ``_ONE_ROW_MARGIN`` times faster."""
+    products do. ``copies``: the copies made the forward at least ``_FORWARD_MARGIN`` times faster."""
 
     seconds_without: float = attrs.field(validator=_positive_seconds)
     seconds_with: float = attrs.field(validator=_positive_seconds)
 
     @property
     def copies(self) -> bool:
-        return self.seconds_with * _ONE_ROW_MARGIN <= self.seconds_without
+        return self.seconds_with * _FORWARD_MARGIN <= self.seconds_without
+
+
+@attrs.frozen
+class TransposedChoice:
+    """Whether every product of ``rows`` rows in a model runs ``transposed``, from whole forwards of that model over
+    ``rows`` new tokens timed both ways (``FastPath.measure_transposed``): ``seconds_ranked``, each product as its own
+    ranking (timed alone) and, at one row, ``measure_one_row`` chose; ``seconds_transposed``, every product
+    transposed. ``transposed``: that made the forward at least ``_FORWARD_MARGIN`` times faster."""
+
+    rows: int = attrs.field(validator=int_at_least(1))
+    seconds_ranked: float = attrs.field(validator=_positive_seconds)
+    seconds_transposed: float = attrs.field(validator=_positive_seconds)
+
+    @property
+    def transposed(self) -> bool:
+        return self.seconds_transposed * _FORWARD_MARGIN <= self.seconds_ranked
 
 
 def _model_key(model: torch.nn.Module, copied: list[tuple[int, str]]) -> str:
@@ -197,9 +223,12 @@ def _apply(formulation: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.
     if formulation == "linear":
         return _F_LINEAR(x, weight, bias)
     if formulation == "transposed":
+        # One row padded to two: MKL multiplies by one column on its matrix-vector path, by two on its small-N
+        # product, which streamed the weights of whole forwards far faster on a 2-core EPYC (docs/fast_path.rst).
         # Contiguous like F.linear's result: a transposed view would push later kernels (SDPA's
         # flash kernel among them) onto slow strided paths.
-        out = (weight @ x.T).T.contiguous()
+        columns = F.pad(x, (0, 0, 0, 1)) if x.shape[0] == 1 else x
+        out = (weight @ columns.T).T[: x.shape[0]].contiguous()
     elif formulation == "pretransposed":
         out = x @ copy
     else:  # packed
@@ -420,9 +449,12 @@ class FastPath:
         self._one_row: dict[str, OneRowChoice] = {}  # model key -> its measured one-row choice (disk cache)
         self._one_row_applied = WeakIdKeyDictionary()  # model -> the one-row choice applied to it, for describe()
         self._one_row_copies = WeakIdKeyDictionary()  # weight -> True: its one-row products read its copy
+        self._transposed: dict[str, dict[int, TransposedChoice]] = {}  # model key -> rows -> its measured choice (disk cache)
+        self._transposed_applied = WeakIdKeyDictionary()  # model -> the transposed choices applied to it, for describe()
+        self._transposed_rows = WeakIdKeyDictionary()  # weight -> row counts at which its products run transposed
         self._lock = threading.Lock()
-        # Held while a one-row measurement flips the rule (not _lock: the timed forwards take it in choice()).
-        self._one_row_lock = threading.Lock()
+        # Held while a whole-forward measurement flips a rule (not _lock: the timed forwards take it in choice()).
+        self._forward_rule_lock = threading.Lock()
         self._load_cache()
 
     @classmethod
@@ -442,7 +474,8 @@ class FastPath:
         granted to ``others`` first (``include``: small, and run at every step), then to ``model``'s
         ``linear_weights`` within ``copy_budget`` (default ``default_copy_budget(model)``). Whether
         ``model``'s one-row products read its copies is then measured on its own forwards
-        (``measure_one_row``), once per machine and model, and cached alike.
+        (``measure_one_row``), then at which few-row counts its products all run transposed
+        (``measure_transposed``), once per machine and model, and cached alike.
         """
         cache_dir = default_cache_dir() if cache_dir is None else cache_dir
         name = hashlib.sha1(_machine_fingerprint().encode()).hexdigest()[:16]
@@ -453,6 +486,7 @@ class FastPath:
         fast_path.tune(weights, progress=progress)
         fast_path.reserve(weights, budget=default_copy_budget(model) if copy_budget is None else copy_budget)
         fast_path.measure_one_row(model, progress=progress)
+        fast_path.measure_transposed(model, progress=progress)
         fast_path._included[model] = True
         return fast_path
 
@@ -536,7 +570,7 @@ class FastPath:
         measured on whole forwards"). So whole one-token forwards of ``model`` (one row, 256 cached
         tokens; or, for a module that is not a model, such as a drafter, ``forward``: a call that runs it once
         as it runs in use, one row on this fast path, and returns the seconds that took) are timed both ways,
-        ``_ONE_ROW_ROUNDS`` rounds in alternating order (with a progress
+        ``_FORWARD_ROUNDS`` rounds in alternating order (with a progress
         bar when ``progress``), and the medians decide (``OneRowChoice.copies``). Once per machine, model
         and set of copied weights: the result is cached with the choices. Call it before generating on
         this fast path, not while another thread does: the measurement switches the rule back and forth.
@@ -549,7 +583,7 @@ class FastPath:
             return None
         weights = [weight for _, weight in readable]
         key = _model_key(model, [(index, self._reserved[weight][1]) for index, weight in readable])
-        with self._one_row_lock:
+        with self._forward_rule_lock:
             self._one_row_applied.pop(model, None)
             choice = self._one_row.get(key)
             if choice is None:
@@ -582,9 +616,9 @@ class FastPath:
 
         if forward is None:
             def forward() -> float:
-                return measure_step_time(model, 1, 1, 256, self, repeats=_ONE_ROW_REPEATS).seconds
+                return measure_step_time(model, 1, 1, 256, self, repeats=_FORWARD_REPEATS).seconds
 
-        order = [copies for index in range(_ONE_ROW_ROUNDS) for copies in ((False, True) if index % 2 == 0 else (True, False))]
+        order = [copies for index in range(_FORWARD_ROUNDS) for copies in ((False, True) if index % 2 == 0 else (True, False))]
         if progress:
             from tqdm.auto import tqdm
 
@@ -612,6 +646,94 @@ class FastPath:
             if entry is not None:  # the one-row plans made under the other rule
                 for rows_and_dtype in list(entry[1]):
                     if rows_and_dtype[0] == 1:
+                        entry[1].pop(rows_and_dtype, None)
+
+    def measure_transposed(
+        self, model: torch.nn.Module, rows: Iterable[int] = TRANSPOSED_ROWS, progress: bool = True
+    ) -> dict[int, TransposedChoice]:
+        """At which of ``rows`` product row counts every product of ``model`` runs ``transposed``, measured on its own
+        forwards, and applied: row count -> ``TransposedChoice`` (empty where ``transposed`` is not a candidate or the
+        forward cannot be timed alone).
+
+        Timed alone, a product has its weight in cache, and there the transposed product of two rows ran no faster
+        than oneDNN's packed one; in a forward, with the weights streamed from memory, a 2-core EPYC's one-token
+        step over two rows took 31.8 ms with every product transposed against 49.4 ms as ranked, and over one row,
+        padded to two, 31.4 against 40.5 ms (docs/fast_path.rst, "Few rows, measured on whole forwards"). So for
+        each row count M, whole forwards of one row and M new tokens after 256 cached tokens are timed both ways,
+        ``_FORWARD_ROUNDS`` rounds in alternating order (with a progress bar when ``progress``), and the medians
+        decide (``TransposedChoice.transposed``). Call it after ``measure_one_row`` (the ranked way at one row is
+        what that chose), before generating on this fast path, not while another thread does. Once per machine,
+        model and set of copied weights: the result is cached with the choices, and a row count measured before is
+        not timed again."""
+        counts = sorted({check_int("rows", count, 1) for count in rows})
+        weights = linear_weights(model)
+        if "transposed" not in self.candidates or not weights or not counts:
+            return {}
+        key = _model_key(model, [(index, self._reserved[weight][1]) for index, weight in enumerate(weights) if weight in self._reserved])
+        with self._forward_rule_lock:
+            self._transposed_applied.pop(model, None)
+            known = self._transposed.get(key, {})
+            missing = [count for count in counts if count not in known]
+            if missing:
+                timed = self._time_transposed(model, weights, missing, progress)
+                if timed is None:
+                    return {}
+                with self._lock:
+                    known = self._transposed[key] = {**known, **timed}
+                    self._save_cache()
+            self._use_transposed(weights, {count for count, choice in known.items() if choice.transposed})
+            self._transposed_applied[model] = known
+        return {count: known[count] for count in counts}
+
+    def transposed_rows(self, model: torch.nn.Module) -> tuple[int, ...]:
+        """The product row counts at which ``model``'s products all run transposed now (``measure_transposed``)."""
+        return tuple(sorted({count for weight in linear_weights(model) for count in self._transposed_rows.get(weight, ())}))
+
+    def _time_transposed(
+        self, model: torch.nn.Module, weights: list[torch.Tensor], counts: list[int], progress: bool
+    ) -> dict[int, TransposedChoice] | None:
+        """Median seconds of ``model``'s forwards over each of ``counts`` new tokens with its products as ranked and all
+        transposed, in alternating order (``measure_transposed``); None, with a warning, where the forward cannot be
+        timed alone. Leaves no product transposed, whatever happens."""
+        from dspark.cost_models.profiling import measure_step_time  # it times forwards on a FastPath
+
+        order = [
+            (count, transposed) for count in counts for index in range(_FORWARD_ROUNDS)
+            for transposed in ((False, True) if index % 2 == 0 else (True, False))
+        ]
+        if progress:
+            from tqdm.auto import tqdm
+
+            order = tqdm(order, desc=f"dspark fast path: timing few-row passes of {type(model).__name__} (once per machine and model)", unit="way")
+        seconds: dict[tuple[int, bool], list[float]] = {(count, transposed): [] for count in counts for transposed in (False, True)}
+        try:
+            for count, transposed in order:
+                self._use_transposed(weights, {count} if transposed else set())
+                seconds[(count, transposed)].append(measure_step_time(model, 1, count, 256, self, repeats=_FORWARD_REPEATS).seconds)
+        except (AttributeError, TypeError, ValueError, RuntimeError) as error:  # a model that cannot step alone
+            logger.warning("fast path: could not time %s's few-row passes (%s); its products keep their rankings", type(model).__name__, error)
+            return None
+        finally:
+            self._use_transposed(weights, set())
+        return {
+            count: TransposedChoice(
+                rows=count, seconds_ranked=statistics.median(seconds[(count, False)]), seconds_transposed=statistics.median(seconds[(count, True)])
+            )
+            for count in counts
+        }
+
+    def _use_transposed(self, weights: list[torch.Tensor], counts: set[int]) -> None:
+        """Make ``weights``' products of each of ``counts`` rows run transposed, and no others."""
+        for weight in weights:
+            changed = set(self._transposed_rows.get(weight, ())) ^ counts
+            if counts:
+                self._transposed_rows[weight] = frozenset(counts)
+            else:
+                self._transposed_rows.pop(weight, None)
+            entry = self._plans.get(id(weight))
+            if entry is not None:  # the plans made under the other rule
+                for rows_and_dtype in list(entry[1]):
+                    if rows_and_dtype[0] in changed:
                         entry[1].pop(rows_and_dtype, None)
 
     @staticmethod
@@ -666,7 +788,11 @@ class FastPath:
         transpose, a contiguous copy) still cost their overhead; and a copy used at some row counts
         makes forwards of different widths read different bytes, so each switch of width finds its
         weights cold (docs/fast_path.rst, "Timed alone, used in a forward"). Where one-row products
-        read the copies, every width reads the same bytes."""
+        read the copies, every width reads the same bytes. Where whole forwards over this many rows ran faster with
+        every product transposed (``measure_transposed``), the product runs transposed wherever that agreed with
+        ``F.linear``."""
+        if choice.rows in self._transposed_rows.get(weight, ()) and "transposed" in choice.ranking:
+            return ["transposed", "linear"]
         reserved = self._reserved.get(weight) if choice.rows == 1 and weight in self._one_row_copies else None
         if reserved is not None:  # measure_one_row only lets copies ranked at one row (agreeing with F.linear) in
             return [reserved[1], "linear"]
@@ -800,6 +926,12 @@ class FastPath:
                 f"{type(model).__name__}, one row: {choice.seconds_without * 1e3:.2f} ms on the weights, {choice.seconds_with * 1e3:.2f} ms on the copies;"
                 f" one-row products read the {'copies' if choice.copies else 'weights'}"
             )
+        for model, choices in list(self._transposed_applied.items()):
+            lines.extend(
+                f"{type(model).__name__}, {count} product rows: {choice.seconds_ranked * 1e3:.2f} ms as ranked, {choice.seconds_transposed * 1e3:.2f} ms"
+                f" transposed; products run {'transposed' if choice.transposed else 'as ranked'}"
+                for count, choice in sorted(choices.items())
+            )
         lines.append(f"weight copies: {self.copy_bytes / 2**20:.1f} MiB of a {self.copy_budget / 2**20:.1f} MiB budget")
         return "\n".join(lines)
 
@@ -816,11 +948,15 @@ class FastPath:
                 out_features, in_features = (int(size) for size in shape.split("x"))
                 choices[(out_features, in_features, int(bucket), getattr(torch, dtype), device)] = LinearChoice(**values)
             one_row = {key: OneRowChoice(**values) for key, values in (stored.get("one_row") or {}).items()}
+            transposed = {
+                key: {values["rows"]: TransposedChoice(**values) for values in listed} for key, listed in (stored.get("transposed") or {}).items()
+            }
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
             logger.warning("ignoring unreadable fast-path cache %s: %s", self.cache_file, error)
             return
         self._choices.update(choices)
         self._one_row.update(one_row)
+        self._transposed.update(transposed)
 
     def _save_cache(self) -> None:
         if self.cache_file is None:
@@ -831,6 +967,7 @@ class FastPath:
             "candidates": list(self.candidates),
             "choices": {_cache_key(*key): attrs.asdict(choice) for key, choice in self._choices.items()},
             "one_row": {key: attrs.asdict(choice) for key, choice in self._one_row.items()},
+            "transposed": {key: [attrs.asdict(choice) for _, choice in sorted(choices.items())] for key, choices in self._transposed.items()},
         }
         partial = self.cache_file.with_name(f"{self.cache_file.name}.{os.getpid()}.tmp")
         try:

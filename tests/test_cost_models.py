@@ -37,7 +37,7 @@ from dspark.cost_models import (
 from dspark.cost_models import profiled as profiled_module
 from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.drafters import PromptLookupDrafter
-from dspark.fast_path import REVISION, FastPath, OneRowChoice, linear_weights
+from dspark.fast_path import REVISION, FastPath, OneRowChoice, TransposedChoice, linear_weights
 from dspark.protocols import CostModel
 from dspark.types import GenerationStart, SamplingConfig
 from tests.conftest import build_model, tiny_semi_ar_drafter
@@ -358,6 +358,24 @@ def test_the_key_records_whether_one_row_products_read_copies(target, tmp_path, 
     assert again.table.key["one_row_copies"] is not copies
     assert len([table for table in tmp_path.glob("*.json") if not table.name.startswith("linear_choices")]) == 2
     assert ProfiledCostModel.profile(target, rows=(1,), tokens=(1,), context=4, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False).table.key["one_row_copies"] is None
+
+
+def test_the_key_records_at_which_row_counts_products_run_transposed(target, tmp_path, monkeypatch):
+    """The table's key carries the fast path's few-row choice (``FastPath.transposed_rows``), so a table timed under
+    another one is measured again rather than read; without the fast path it is None."""
+    faster = {2}
+    monkeypatch.setattr(FastPath, "_time_transposed", lambda self, model, weights, counts, progress: {
+        count: TransposedChoice(rows=count, seconds_ranked=2.0, seconds_transposed=1.0 if count in faster else 2.0) for count in counts
+    })
+    path = FastPath.for_model(target, cache_dir=tmp_path, progress=False)
+    settings_ = dict(rows=(1,), tokens=(1,), context=4, repeats=1, cache_dir=tmp_path, progress=False)
+    assert ProfiledCostModel.profile(target, fast_path=path, **settings_).table.key["transposed_rows"] == [2]
+    faster.update({1, 3})  # measured again (another day), with another outcome
+    path._transposed.clear()
+    path.measure_transposed(target)
+    assert ProfiledCostModel.profile(target, fast_path=path, **settings_).table.key["transposed_rows"] == [1, 2, 3]
+    assert len([table for table in tmp_path.glob("*.json") if not table.name.startswith("linear_choices")]) == 2
+    assert ProfiledCostModel.profile(target, fast_path=False, **settings_).table.key["transposed_rows"] is None
 
 
 @pytest.mark.parametrize("copies", [True, False])

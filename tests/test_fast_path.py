@@ -9,6 +9,7 @@ import re
 import threading
 import weakref
 
+import attrs
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 import dspark
 from dspark import fast_path
 from dspark.drafters import DraftModelDrafter, PromptLookupDrafter
-from dspark.fast_path import FORMULATIONS, FastPath, OneRowChoice, linear_weights, row_bucket
+from dspark.fast_path import FORMULATIONS, FastPath, OneRowChoice, TransposedChoice, linear_weights, row_bucket
 from tests.conftest import build_model, left_padded_batch, tiny_semi_ar_drafter
 from tests.strategies import linear_problems
 
@@ -35,6 +36,29 @@ def _ranked_first(formulation: str):
         return 1.0 if timed == formulation else 2.0 + FORMULATIONS.index(timed)
 
     return seconds
+
+
+_TIME_TRANSPOSED = FastPath._time_transposed
+
+
+@pytest.fixture(autouse=True)
+def _transposed_never_faster(monkeypatch):
+    """Whole forwards measure the same both ways unless a test says otherwise (``_transposed_timed``), so that a test
+    of another rule sees the formulations it set up, not those a timing of the tiny model happened to pick."""
+    _transposed_timed(monkeypatch)
+
+
+def _transposed_timed(monkeypatch, *faster: int) -> list:
+    """Make the few-row measurement find every product transposed faster at the ``faster`` row counts only, without
+    timing forwards; returns the list of row counts each measurement was asked for."""
+    asked = []
+
+    def timed(self, model, weights, counts, progress):
+        asked.append(list(counts))
+        return {count: TransposedChoice(rows=count, seconds_ranked=2.0, seconds_transposed=1.0 if count in faster else 2.0) for count in counts}
+
+    monkeypatch.setattr(FastPath, "_time_transposed", timed)
+    return asked
 
 
 def _one_row_timed(monkeypatch, *results: OneRowChoice) -> None:
@@ -255,6 +279,84 @@ def test_a_copy_that_failed_the_one_row_check_is_not_read_at_one_row(tmp_path, m
         F.linear(torch.randn(1, weight.shape[1]), weight)
         F.linear(torch.randn(2, weight.shape[1]), weight)
     assert used == ["linear", "packed"]
+
+
+@pytest.mark.parametrize(("ranked", "transposed", "chosen"), [(1.05, 1.0, True), (1.04, 1.0, False), (1.0, 2.0, False)])
+def test_transposed_products_need_forwards_five_percent_faster(ranked, transposed, chosen):
+    """TransposedChoice.transposed: every product transposed made the forward at least 5% faster."""
+    assert TransposedChoice(rows=2, seconds_ranked=ranked, seconds_transposed=transposed).transposed is chosen
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [("rows", 0, ValueError), ("rows", 1.5, TypeError), ("seconds_transposed", 0.0, ValueError), ("seconds_ranked", "1", TypeError)])
+def test_a_transposed_choice_refuses_bad_values_by_name(field, value, error):
+    """TransposedChoice takes a row count >= 1 and finite seconds > 0, and the error names the field and the value."""
+    with pytest.raises(error, match=re.escape(field)):
+        TransposedChoice(**{"rows": 2, "seconds_ranked": 1.0, "seconds_transposed": 1.0, field: value})
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_one_row_transposed_product_is_padded_to_two_rows_and_exact(bias):
+    """``transposed`` multiplies one row as two (the matrix product BLAS runs with two columns) and returns the one
+    row, contiguous, equal to F.linear's."""
+    weight, x = torch.randn(48, 32), torch.randn(1, 32)
+    offset = torch.randn(48) if bias else None
+    result = fast_path._apply("transposed", x, weight, offset, None)
+    assert result.shape == (1, 48) and result.is_contiguous() and _tight(result, F.linear(x, weight, offset))
+
+
+def test_products_run_transposed_at_the_row_counts_whose_forwards_ran_faster_so(tmp_path, monkeypatch):
+    """for_model measures the few-row choice on the model's forwards; at a row count where transposed won, every product
+    of the model runs transposed (and stays exact) whatever its own ranking; at the others, its ranking decides."""
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
+    asked = _transposed_timed(monkeypatch, 2)
+    model = build_model("llama")
+    path = FastPath.for_model(model, cache_dir=tmp_path)
+    assert asked == [list(fast_path.TRANSPOSED_ROWS)] and path.transposed_rows(model) == (2,)
+    used = _formulations_used(monkeypatch)
+    weight = model.model.layers[0].mlp.up_proj.weight
+    x = torch.randn(3, weight.shape[1])
+    with path.active():
+        two, three = F.linear(x[:2], weight), F.linear(x, weight)
+    assert used == ["transposed", "packed"]
+    assert _tight(two, x[:2] @ weight.T) and _tight(three, x @ weight.T)
+    assert "2 product rows: 2000.00 ms as ranked, 1000.00 ms transposed; products run transposed" in path.describe()
+
+
+def test_the_transposed_choice_is_measured_on_real_forwards_once_and_cached(tmp_path, monkeypatch):
+    """The tiny model's forwards are timed both ways at every row count asked (seconds > 0, cached on disk with the
+    choices); a later fast path on the same cache applies the same choices without timing, and only a row count not
+    measured yet is timed; greedy output stays exact."""
+    monkeypatch.setattr(FastPath, "_time_transposed", _TIME_TRANSPOSED)
+    model = build_model("llama")
+    first = FastPath.for_model(model, cache_dir=tmp_path, progress=False)
+    choices = first.measure_transposed(model, rows=(1, 2))
+    assert sorted(choices) == [1, 2] and all(choice.seconds_ranked > 0 and choice.seconds_transposed > 0 for choice in choices.values())
+    stored = json.loads(next(tmp_path.glob("linear_choices_*.json")).read_text())["transposed"]
+    assert [entry for entry in next(iter(stored.values())) if entry["rows"] in (1, 2)] == [attrs.asdict(choices[1]), attrs.asdict(choices[2])]
+    asked = _transposed_timed(monkeypatch, 9)
+    second = FastPath.for_model(model, cache_dir=tmp_path, progress=False)
+    assert second.measure_transposed(model, rows=(1, 2)) == choices and asked == []
+    assert second.measure_transposed(model, rows=(2, 9))[9].transposed and asked == [[9]]
+    _greedy_matches(model, second)
+
+
+def test_a_forward_that_cannot_be_timed_leaves_every_product_as_ranked(tmp_path, monkeypatch, caplog):
+    """A failure half way through the few-row measurement is a warning: measure_transposed returns {}, nothing is cached,
+    and products keep their rankings although the failed pass had switched them to transposed."""
+    monkeypatch.setattr(FastPath, "_time_transposed", _TIME_TRANSPOSED)
+    monkeypatch.setattr(fast_path, "_seconds", _ranked_first("linear"))
+    model = build_model("llama")
+    path = FastPath.for_model(model, cache_dir=tmp_path, copy_budget=0, progress=False)
+    calls = _raising_at_the_second_forward_timing(monkeypatch, RuntimeError("no forward today"))
+    with caplog.at_level(logging.WARNING, logger="dspark.fast_path"):
+        assert path.measure_transposed(model, rows=(12,)) == {}
+    assert "no forward today" in caplog.text and len(calls) == 2 and 12 not in path.transposed_rows(model)
+    assert all(entry["rows"] != 12 for listed in json.loads(next(tmp_path.glob("linear_choices_*.json")).read_text())["transposed"].values() for entry in listed)
+    used = _formulations_used(monkeypatch)
+    weight = model.model.layers[0].mlp.up_proj.weight
+    with path.active():
+        F.linear(torch.randn(12, weight.shape[1]), weight)
+    assert used == ["linear"]
 
 
 def _raising_at_the_second_forward_timing(monkeypatch, error: BaseException) -> list:
@@ -638,7 +740,7 @@ def test_a_cache_for_other_candidates_is_ignored(tmp_path):
 
 @pytest.mark.parametrize(
     "contents",
-    [b"{not json", b"\xff\xfe\x00 binary", b"[1, 2]", json.dumps({"version": 1, "candidates": list(FORMULATIONS), "choices": {"8x4|1|float32|cpu": {"rows": 1}}}).encode()],
+    [b"{not json", b"\xff\xfe\x00 binary", b"[1, 2]", json.dumps({"version": fast_path._CACHE_VERSION, "candidates": list(FORMULATIONS), "choices": {"8x4|1|float32|cpu": {"rows": 1}}}).encode()],
     ids=["truncated", "not-utf8", "not-a-dict", "malformed-choice"],
 )
 def test_an_unreadable_cache_is_ignored_with_a_warning(tmp_path, caplog, contents):

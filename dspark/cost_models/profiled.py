@@ -346,12 +346,14 @@ def profile_key(
     max_draft_tokens: int | None = None,
     one_row_copies: bool | None = None,
     drafter_one_row_copies: bool | None = None,
+    transposed_rows: tuple[int, ...] | None = None,
 ) -> dict:
     """What a profiled table's timings depend on: the target (class, name, parameter count), device,
     dtype, torch threads and version, the measuring settings (``profiling.REVISION``, and the fast path's
     ``REVISION`` when it is on, with whether its one-row products read weight copies,
     ``FastPath.one_row_copies``: measured per machine, it can come out otherwise when measured again, and the same
-    for the drafter's modules, ``drafter_one_row_copies``), and the drafter (class, parameters, γ).
+    for the drafter's modules, ``drafter_one_row_copies``; and the product row counts at which its products run
+    transposed, ``FastPath.transposed_rows``, measured alike), and the drafter (class, parameters, γ).
     Weights' values are left out: a forward's time does not depend on them."""
     weight = target.get_output_embeddings().weight
     name = target.config.name_or_path or "" if hasattr(target, "config") else ""
@@ -369,6 +371,7 @@ def profile_key(
         "fast_path_revision": FAST_PATH_REVISION if fast_path else None,
         "one_row_copies": one_row_copies if fast_path else None,
         "drafter_one_row_copies": drafter_one_row_copies if fast_path and drafter is not None else None,
+        "transposed_rows": list(transposed_rows) if fast_path and transposed_rows is not None else None,
         "drafter": None if drafter is None else f"{type(drafter).__name__} {_parameter_count(drafter)}",
         "max_draft_tokens": max_draft_tokens,
     }
@@ -461,7 +464,7 @@ class ProfiledCostModel:
         ``dspark.pretrained.default_cache_dir() / "cost_tables"``), named by a hash of
         ``profile_key`` and the grid; a later call with the same key and grid loads it and measures
         no forward (on the fast path it builds that path first, since the key holds its one-row choice;
-        ``profile_key`` called alone leaves ``one_row_copies`` and ``drafter_one_row_copies`` None unless given). The default folder is
+        ``profile_key`` called alone leaves ``one_row_copies``, ``drafter_one_row_copies`` and ``transposed_rows`` None unless given). The default folder is
         ``default_table_dir()``.
         """
         rows, tokens = _check_grid("rows", rows), _check_grid("tokens", tokens)
@@ -474,8 +477,9 @@ class ProfiledCostModel:
         path_to_time = _resolve_fast_path(target, drafter, fast_path) if fast else None
         one_row_copies = None if path_to_time is None else path_to_time.one_row_copies(target)
         drafter_copies = None if path_to_time is None else any(path_to_time.one_row_copies(module) for module in drafter_modules(drafter))
+        transposed_rows = None if path_to_time is None else path_to_time.transposed_rows(target)
         key = profile_key(target, drafter, context=context, repeats=repeats, fast_path=fast, max_draft_tokens=width,
-                          one_row_copies=one_row_copies, drafter_one_row_copies=drafter_copies)
+                          one_row_copies=one_row_copies, drafter_one_row_copies=drafter_copies, transposed_rows=transposed_rows)
         directory = default_table_dir() if cache_dir is None else Path(cache_dir)
         path = _cache_file(directory, key, rows, tokens)
         cached = _read_cached(path, key, rows, tokens)
