@@ -396,6 +396,23 @@ def test_cheap_probes_go_on_where_no_row_ever_gained_enough():
     assert [step for step, flag in enumerate(drafted) if flag] == [0, 3, 6]  # a first probe, then every probe_after
 
 
+def test_cheap_probes_do_not_start_a_generation_where_no_row_ever_gained_enough():
+    """Probes too cheap to give up go on inside a drafting generation but do not start one: where 8 drafted rows at
+    this batch size gained nothing, generations run as plain decoding however cheap the drafter, until a probed one
+    (whose rows are then probed every probe_after steps) or a row that gained enough to pay."""
+    fallback = _priced_out(GoodputFallback(smoothing=1.0, probe_after=2, generation_probe_after=2))
+    costs = Costs(draft_row=0.001)
+    runs = [fallback.start(start(2), costs) for _ in range(3)]
+    assert [run.drafts for run in runs] == [False, False, True]
+    rows, drafted = torch.tensor([0, 1]), []
+    for _ in range(9):
+        drafted.append((runs[-1].draft_rows(rows) > 0).tolist())
+        observe(runs[-1], [0, 1], drafted[-1], [1 if flag else 0 for flag in drafted[-1]], [0, 0])
+    assert [step for step, flags in enumerate(drafted) if any(flags)] == [0, 3, 6]
+    fallback.prior.update("greedy", 2, torch.tensor([3.0], dtype=torch.float64), torch.tensor([3]))
+    assert fallback.start(start(2), costs).drafts is True
+
+
 @attrs.frozen
 class CountingFallback(GoodputFallback):
     """GoodputFallback that counts how often its rule is evaluated."""
