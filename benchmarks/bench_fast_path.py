@@ -8,7 +8,8 @@ target forward:
 * ``fast_path``: inside ``FastPath.active()`` (``dspark.wrap``'s default on a CPU);
 * ``fast_path_one_row_weights``: the same on a second fast path whose one-row products never read a
   weight copy, what revision 3 did everywhere (``FastPath.measure_one_row`` decides that per machine and
-  model; its measurement, made in this run on a fresh cache, is in ``one_row``);
+  model; its measurement, made in this run on a fresh cache, is in ``one_row``); where one-row products run
+  transposed (below), they run so here too, on the weights, so at one token this arm is the fast path's;
 * ``fast_path_as_ranked``: the same on a fast path whose products never all run transposed, each product as its
   own ranking, what revision 5 did everywhere (``FastPath.measure_transposed`` decides that per machine, model
   and row count; its measurement is in ``transposed``);
