@@ -205,6 +205,12 @@ class TransposedChoice:
         return self.seconds_transposed * _FORWARD_MARGIN <= self.seconds_ranked
 
 
+def _alternating(rounds: int) -> list[bool]:
+    """Both ways of a whole-forward measurement for each of ``rounds`` rounds, the first way alternating (False, True,
+    True, False, ...), so that a drift in the machine's pace hits both alike."""
+    return [way for index in range(rounds) for way in ((False, True) if index % 2 == 0 else (True, False))]
+
+
 def _model_key(model: torch.nn.Module, copied: list[tuple[int, str]]) -> str:
     """What a model's one-row choice depends on besides the machine: its class, its linear weights' shapes,
     dtypes and device, and which of them hold a copy of which formulation (``copied``: index among
@@ -618,7 +624,7 @@ class FastPath:
             def forward() -> float:
                 return measure_step_time(model, 1, 1, 256, self, repeats=_FORWARD_REPEATS).seconds
 
-        order = [copies for index in range(_FORWARD_ROUNDS) for copies in ((False, True) if index % 2 == 0 else (True, False))]
+        order = _alternating(_FORWARD_ROUNDS)
         if progress:
             from tqdm.auto import tqdm
 
@@ -697,10 +703,7 @@ class FastPath:
         timed alone. Leaves no product transposed, whatever happens."""
         from dspark.cost_models.profiling import measure_step_time  # it times forwards on a FastPath
 
-        order = [
-            (count, transposed) for count in counts for index in range(_FORWARD_ROUNDS)
-            for transposed in ((False, True) if index % 2 == 0 else (True, False))
-        ]
+        order = [(count, transposed) for count in counts for transposed in _alternating(_FORWARD_ROUNDS)]
         if progress:
             from tqdm.auto import tqdm
 

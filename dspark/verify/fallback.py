@@ -594,7 +594,8 @@ class GoodputFallbackRun:
     def _choice(self, rows: list[int], starting: bool = False) -> tuple[list[bool], list[bool], list[int]]:
         """(chosen, probes, depths) for ``rows``: the rows in the best predicted set, the rows to probe (never observed,
         or due and a probe could pay, or due at all in a probed generation's first step), and every row's ``depth``.
-        Rows new to the run take the prior's estimate first, the only change it makes."""
+        Rows new to the run take the prior's estimate first, the only change it makes. ``starting``: the generation's
+        first choice, which judges its probes by the ceiling alone (module docstring)."""
         prior = self.fallback.prior.get(self.band, len(rows))
         if prior is not None:
             for row in rows:
@@ -667,7 +668,7 @@ class GoodputFallbackRun:
         probe's ``probe_draft_time`` (True while
         fewer than ``_CEILING_EVIDENCE`` drafted rows were seen here, and where probing every ``probe_after``
         steps stays within ``_PROBE_BUDGET``, which ``probe_interval_cap`` (this step's) says: such probes are too
-        cheap to give up)."""
+        cheap to give up; None, for a generation's first choice, judges by the ceiling alone)."""
         ceiling = self.fallback.prior.ceiling(self.band, len(rows))
         if ceiling is None or self.fallback.prior.evidence(self.band, len(rows)) < _CEILING_EVIDENCE:
             return True
