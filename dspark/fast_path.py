@@ -648,11 +648,7 @@ class FastPath:
                 self._one_row_copies[weight] = True
             else:
                 self._one_row_copies.pop(weight, None)
-            entry = self._plans.get(id(weight))
-            if entry is not None:  # the one-row plans made under the other rule
-                for rows_and_dtype in list(entry[1]):
-                    if rows_and_dtype[0] == 1:
-                        entry[1].pop(rows_and_dtype, None)
+            self._drop_plans(weight, {1})
 
     def measure_transposed(
         self, model: torch.nn.Module, rows: Iterable[int] = TRANSPOSED_ROWS, progress: bool = True
@@ -733,11 +729,15 @@ class FastPath:
                 self._transposed_rows[weight] = frozenset(counts)
             else:
                 self._transposed_rows.pop(weight, None)
-            entry = self._plans.get(id(weight))
-            if entry is not None:  # the plans made under the other rule
-                for rows_and_dtype in list(entry[1]):
-                    if rows_and_dtype[0] in changed:
-                        entry[1].pop(rows_and_dtype, None)
+            self._drop_plans(weight, changed)
+
+    def _drop_plans(self, weight: torch.Tensor, counts: set[int]) -> None:
+        """Forget ``weight``'s plans at each of ``counts`` rows: made under a rule that has just changed."""
+        entry = self._plans.get(id(weight))
+        if entry is not None:
+            for rows_and_dtype in list(entry[1]):
+                if rows_and_dtype[0] in counts:
+                    entry[1].pop(rows_and_dtype, None)
 
     @staticmethod
     def _copy_gain(choice: LinearChoice, formulation: str) -> float:
