@@ -7,10 +7,12 @@ points, then predict the throughput / per-user frontier on an H200.
    calibrated estimator scoring survival, greedy and at temperature 1, ``--max-new-tokens`` per row;
    written to ``--traces`` and read back on later runs.
 2. Validation: every (mode, c, policy) of the shipped drafter in ``--measured`` (bench_load.json) is
-   simulated with the same policy on the cost model ``wrap`` profiles here (the table alone, without
-   online correction); the error is predicted / measured − 1 of aggregate tokens/s, against the wall time
+   simulated as bench_load ran it: the same policies learning across the settings in their order, the same
+   batches of the same prompts, each batch priced by the cost model ``wrap`` profiles here on the table of its
+   shape (rows and padded prompt, ``AutoProfiledCostModel``, without online correction), the median of the
+   same number of rounds; the error is predicted / measured − 1 of aggregate tokens/s, against the wall time
    and, where bench_load.json has it (its ``decode_*`` entries), against decoding alone, which is what the
-   simulator models (it leaves the prompt's processing out).
+   simulator models (it leaves the prompt's processing out, and EOS: greedy rows that end early are run on).
 3. What τ the paper's +60–85% over MTP-1 would need here: DSpark over MTP-1 at c = 1, 2, 4 on this
    machine's cost table for synthetic drafters of τ 1.5 … 5.
 4. Prediction on an H200 (``RooflineCostModel`` from the data sheet, bf16), c = 1 … 256, 256 tokens a row:
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -43,11 +46,12 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained
-from dspark.benchmarking import write_json
+from dspark.benchmarking import across_categories, write_json
 from dspark.cost_models import DEVICES, ProfiledCostModel, RooflineCostModel
 from dspark.pretrained import encode_chat
 from dspark.simulation import BlockTrace, simulate, synthetic_trace
 from dspark.training.data import eval_prompts
+from dspark.types import SamplingConfig
 from dspark.verify import FixedLength, HardwareAwareScheduler, Threshold, VllmArgmaxRule, calibrated_estimator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,11 +105,16 @@ def _trace_from_json(data: dict) -> BlockTrace:
                       accepted=tuple(torch.tensor(stream) for stream in data["accepted"]))
 
 
+def _trace_settings(args) -> dict:
+    """What the stored traces depend on: the prompts, in bench_load's order, and the tokens per row."""
+    return {"prompts": args.prompts, "order": "across_categories", "max_new_tokens": args.max_new_tokens}
+
+
 def collect_traces(bundle, messages, args) -> dict:
     """Mode → BlockTrace of the shipped drafter, every drafted position verified, one stream per prompt in order."""
     if args.traces.is_file():
         stored = json.loads(args.traces.read_text())
-        if stored["settings"] == {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens}:
+        if stored["settings"] == _trace_settings(args):
             return {mode: _trace_from_json(data) for mode, data in stored["traces"].items()}
     drafter = bundle.drafter
     confidence = calibrated_estimator(drafter.calibration)
@@ -122,7 +131,7 @@ def collect_traces(bundle, messages, args) -> dict:
                 records += [attrs.evolve(record, rows=record.rows + start) for record in result.stats.records]
                 bar.update(1)
             traces[mode] = BlockTrace.from_records(records)
-    write_json(args.traces, {"settings": {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens},
+    write_json(args.traces, {"settings": _trace_settings(args),
                              "traces": {mode: _trace_to_json(trace) for mode, trace in traces.items()}})
     return traces
 
@@ -140,28 +149,53 @@ def _policies(gamma: int, threshold: bool = True) -> dict:
     return policies
 
 
-def validate(traces: dict, cost_model, measured: dict, gamma: int, new_tokens: int) -> dict:
-    """Predicted against measured aggregate tokens/s for every shipped-drafter point of bench_load.json:
-    ``error`` against the wall time (prompt processing included, which the simulator leaves out) and, where
-    the file has it, ``decode_error`` against decoding alone (``decode_tokens_per_s``), the like-for-like one."""
+def _streams(trace: BlockTrace, start: int, stop: int) -> BlockTrace:
+    """Streams ``start`` … ``stop`` − 1 of ``trace``: the prompts of one measured batch."""
+    return attrs.evolve(trace, survival=trace.survival[start:stop], drafted=trace.drafted[start:stop], accepted=trace.accepted[start:stop])
+
+
+def validate(traces: dict, cost_model, measured: dict, gamma: int, prompt_lengths: dict) -> dict:
+    """Predicted against measured aggregate tokens/s for every shipped-drafter point of bench_load.json, simulated the
+    way bench_load ran them: one set of policies that learns across the drafter's settings in their measured order
+    (modes, then c); at each c the same ceil(rows / c) batches of c prompts (streams b·c … b·c + c − 1), each started
+    with its padded prompt length (``prompt_lengths[(c, b)]``), so that the profiled cost model prices its steps on the
+    table of its shape and context as in the loop; ``repeats`` rounds over the batches, the prediction the median of
+    the rounds' aggregate tokens/s. ``error`` is predicted / measured − 1 against the wall time (prompt processing
+    included, which the simulator leaves out) and, where the file has it, ``decode_error`` against decoding alone
+    (``decode_tokens_per_s``), the like-for-like one. ``plain_again`` replays as plain decoding."""
+    settings = measured["settings"]
+    rows, repeats, new_tokens = settings["rows"], settings["repeats"], settings["max_new_tokens"]
+    policies = _policies(gamma)
+    policies["plain_again"] = policies["plain"]
     points, errors, decode_errors = [], [], []
-    for mode, by_c in measured["results"]["shipped"].items():
-        if mode not in traces:
+    for mode in settings["modes"]:
+        if mode not in traces or mode not in measured["results"]["shipped"]:
             continue
-        policies = _policies(gamma)
-        for c, entries in by_c.items():
+        sampling = SamplingConfig(**MODES[mode])
+        for c_text, entries in measured["results"]["shipped"][mode].items():
+            c, batches = int(c_text), -(-rows // int(c_text))
+            if c * batches > len(traces[mode].survival):
+                raise SystemExit(f"c = {c} ran {batches} batches of {c} prompts; the traces hold {len(traces[mode].survival)} (raise --prompts)")
             for name, entry in entries.items():
-                # The warm-up generation bench_load runs first (4 tokens), so the scheduler's prior matches.
-                simulate(traces[mode], policies[name], cost_model, rows=int(c), new_tokens=4)
-                run = simulate(traces[mode], policies[name], cost_model, rows=int(c), new_tokens=new_tokens)
-                error = run.aggregate_tokens_per_s / entry["aggregate_tokens_per_s"] - 1
+                rounds = []
+                for _ in range(repeats):
+                    tokens = seconds = row_steps = verified = 0.0
+                    for batch in range(batches):
+                        run = simulate(_streams(traces[mode], batch * c, (batch + 1) * c), policies[name], cost_model, rows=c, new_tokens=new_tokens,
+                                       prompt_length=prompt_lengths[(c, batch)], sampling=sampling)
+                        batch_tokens = run.aggregate_tokens_per_s * run.seconds
+                        tokens, seconds = tokens + batch_tokens, seconds + run.seconds
+                        row_steps, verified = row_steps + batch_tokens / run.tau, verified + run.mean_verify_length * batch_tokens / run.tau
+                    rounds.append(tokens / seconds)
+                predicted = statistics.median(rounds)
+                error = predicted / entry["aggregate_tokens_per_s"] - 1
                 errors.append(abs(error))
-                point = {"mode": mode, "c": int(c), "policy": name, "measured": entry["aggregate_tokens_per_s"],
-                         "predicted": run.aggregate_tokens_per_s, "error": error,
-                         "measured_verify_length": entry["mean_verify_length"], "predicted_verify_length": run.mean_verify_length}
+                point = {"mode": mode, "c": c, "policy": name, "measured": entry["aggregate_tokens_per_s"], "predicted": predicted, "error": error,
+                         "measured_verify_length": entry["mean_verify_length"],
+                         "predicted_verify_length": verified / row_steps}  # over the last round's batches, as bench_load's
                 if "decode_tokens_per_s" in entry:
                     point["measured_decode"] = entry["decode_tokens_per_s"]
-                    point["decode_error"] = run.aggregate_tokens_per_s / entry["decode_tokens_per_s"] - 1
+                    point["decode_error"] = predicted / entry["decode_tokens_per_s"] - 1
                     decode_errors.append(abs(point["decode_error"]))
                 points.append(point)
     summary = {"points": points, **_error_summary(errors, "")}
@@ -249,15 +283,21 @@ def main(argv: list[str] | None = None) -> dict:
     transformers_logging.disable_progress_bar()
     bundle = pretrained.load()
     gamma = bundle.drafter.max_draft_tokens
-    messages = [prompt.message for prompt in eval_prompts(args.data_dir, spec_per_category=max(1, -(-args.prompts // 13)))][: args.prompts]
+    # bench_load's order: round-robin over the categories, so that stream i is the prompt of its row i.
+    messages = [prompt.message for prompt in across_categories(eval_prompts(args.data_dir, spec_per_category=max(1, -(-args.prompts // 13))))][: args.prompts]
     traces = collect_traces(bundle, messages, args)
     table = dspark.profiled_cost_model(bundle.target, bundle.drafter, gamma).base
     measured = json.loads(args.measured.read_text())
+    rows = measured["settings"]["rows"]
+    prompt_lengths = {
+        (c, batch): encode_chat(bundle.tokenizer, messages[batch * c : (batch + 1) * c])["input_ids"].shape[1]
+        for c in measured["settings"]["concurrency"] for batch in range(-(-rows // c))
+    }
     report = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "settings": {**vars(args), "traces": str(args.traces), "measured": str(args.measured), "output": str(args.output), "measured_command": measured["command"]},
         "trace_tau_every_position": {mode: trace.tau for mode, trace in traces.items()},
-        "validation": validate(traces, table, measured, gamma, measured["settings"]["max_new_tokens"]),
+        "validation": validate(traces, table, measured, gamma, prompt_lengths),
     }
     for prefix, what in (("", "wall time"), ("decode_", "decoding alone")):
         if f"{prefix}mean_absolute_error" in report["validation"]:

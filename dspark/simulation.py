@@ -11,7 +11,9 @@ simulated row replays one prompt's blocks in order and easy and hard prompts sta
 what a per-row fallback reacts to.
 
 ``simulate`` runs a static batch of R rows, each to ``new_tokens`` tokens, step by step like dspark's
-loop: the policy's row fallback (if any) names the rows to draft for, each drafted row takes its
+loop: the cost model's ``start`` hook first learns the generation (its rows, sampling and, where given, the padded
+prompt's length, from which ``AutoProfiledCostModel`` picks the table of the batch's shape and context, as it does in
+the loop), the policy's row fallback (if any) names the rows to draft for, each drafted row takes its
 stream's next block, the policy picks ℓ_r from the blocks' survival, the row emits min(ℓ_r, n) + 1
 tokens, and the step costs D(k) + T(R, 1 + max_r ℓ_r) seconds, k the rows drafted (D(0) = 0). It
 assumes what the cost model knows is the whole step: host overheads that it leaves out (estimating,
@@ -28,7 +30,7 @@ import attrs
 import torch
 
 from dspark.checks import check_int
-from dspark.protocols import POLICY_HOOKS, CostModel, VerifyPolicy, hook, run_drafts
+from dspark.protocols import COST_MODEL_HOOKS, POLICY_HOOKS, CostModel, VerifyPolicy, hook, run_drafts
 from dspark.stats import StepRecord
 from dspark.types import GenerationStart, SamplingConfig, VerifyContext
 from dspark.verify.fallback import draft_depths
@@ -152,15 +154,24 @@ class SimulatedRun:
 
 def simulate(
     trace: BlockTrace, policy: VerifyPolicy, cost_model: CostModel, rows: int, new_tokens: int,
-    max_draft_tokens: int | None = None, priority: torch.Tensor | None = None,
+    max_draft_tokens: int | None = None, priority: torch.Tensor | None = None, prompt_length: int | None = None,
+    sampling: SamplingConfig | None = None,
 ) -> SimulatedRun:
     """Replay ``trace`` through ``policy`` on ``cost_model`` for a static batch of ``rows`` rows of
     ``new_tokens`` tokens each (module docstring). Row r replays stream r mod S from its start, cyclically.
-    ``max_draft_tokens``: γ (default the trace's); a policy's ``max_draft_tokens`` caps it further."""
+    ``max_draft_tokens``: γ (default the trace's); a policy's ``max_draft_tokens`` caps it further.
+    ``prompt_length``: the batch's padded prompt length P, which the cost model's ``start`` hook reads (the
+    generation's ``max_length`` is then P + ``new_tokens``; None: unknown, ``max_length`` ``new_tokens`` + 1);
+    ``sampling``: how the recorded tokens were drawn (default greedy), which the hook and the row fallback read."""
     check_int("rows", rows, 1)
     check_int("new_tokens", new_tokens, 1)
+    if prompt_length is not None:
+        check_int("prompt_length", prompt_length, 0)
     if not isinstance(policy, VerifyPolicy):
         raise TypeError(f"policy must implement dspark.VerifyPolicy, got {type(policy).__name__}")
+    sampling = SamplingConfig() if sampling is None else sampling
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling must be a dspark.types.SamplingConfig, got {type(sampling).__name__}")
     gamma = trace.max_draft_tokens if max_draft_tokens is None else check_int("max_draft_tokens", max_draft_tokens, 0)
     policy_gamma = hook(policy, "max_draft_tokens", POLICY_HOOKS)
     gamma = min(gamma, trace.max_draft_tokens, gamma if policy_gamma is None else policy_gamma)
@@ -171,7 +182,13 @@ def simulate(
     emitted = torch.zeros(rows, dtype=torch.long)
     active = torch.arange(rows)
     fallback = hook(policy, "row_fallback", POLICY_HOOKS)
-    start = GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=gamma, max_length=new_tokens + 1, sampling=SamplingConfig(), priority=priority)
+    max_length = new_tokens + 1 if prompt_length is None else prompt_length + new_tokens
+    start = GenerationStart(rows=rows, device=torch.device("cpu"), max_draft_tokens=gamma, max_length=max_length, sampling=sampling,
+                            priority=priority, prompt_length=prompt_length)
+    # The cost model first, as in the loop: it may switch to a table of this generation's shape, which the fallback reads.
+    cost_start = hook(cost_model, "start", COST_MODEL_HOOKS)
+    if cost_start is not None:
+        cost_start(start)
     run = None if fallback is None or gamma == 0 else fallback.start(start, cost_model)
     if run is not None and not run_drafts(run):
         gamma, run = 0, None  # as the loop does: the generation runs as plain decoding

@@ -9,6 +9,7 @@ import dspark
 from dspark.cost_models import ConstantCostModel
 from dspark.drafters import DraftModelDrafter
 from dspark.simulation import BlockTrace, simulate, synthetic_trace
+from dspark.types import SamplingConfig
 from dspark.verify import DraftProbability, FixedLength, HardwareAwareScheduler
 from tests.conftest import build_model, left_padded_batch
 
@@ -113,6 +114,49 @@ def test_a_run_that_drafts_nothing_replays_as_plain_decoding():
     declined = simulate(trace, FixedWithFallback(4, row_fallback=DecidedRun(False)), costs, rows=4, new_tokens=32)
     assert (declined.steps, declined.seconds, declined.mean_verify_length) == (plain.steps, plain.seconds, 0.0)
     assert simulate(trace, FixedWithFallback(4, row_fallback=DecidedRun(True)), costs, rows=4, new_tokens=32).mean_verify_length > 0
+
+
+class PricedByPrompt:
+    """A constant cost model whose ``start`` hook prices each forward by the generation's padded prompt: one second
+    plus a millisecond per prompt token (a stand-in for attention's reads, which grow with the context)."""
+
+    def __init__(self):
+        self.starts = []
+        self.step_seconds = 1.0
+
+    def start(self, generation):
+        self.starts.append(generation)
+        self.step_seconds = 1.0 + 1e-3 * (generation.prompt_length or 0)
+
+    def step_time(self, rows, tokens):
+        return self.step_seconds
+
+    def draft_time(self, rows, depth=None):
+        return 0.0
+
+
+def test_the_cost_model_learns_each_generation_before_its_steps():
+    """As in the loop, the cost model's start hook sees the generation first (its rows, sampling, padded prompt and
+    max_length P + new tokens), so a cost model of the prompt's shape prices every step of it; without a prompt
+    length the generation is priced as before, with max_length new_tokens + 1."""
+    trace = synthetic_trace(2.0, 3, streams=2, blocks=8, seed=4)
+    costs = PricedByPrompt()
+    sampled = SamplingConfig(do_sample=True, temperature=1.0)
+    long = simulate(trace, FixedLength(0), costs, rows=2, new_tokens=8, prompt_length=500, sampling=sampled)
+    assert long.seconds == pytest.approx(8 * 1.5)
+    assert (costs.starts[-1].rows, costs.starts[-1].prompt_length, costs.starts[-1].max_length, costs.starts[-1].sampling) == (2, 500, 508, sampled)
+    unknown = simulate(trace, FixedLength(0), costs, rows=2, new_tokens=8)
+    assert unknown.seconds == pytest.approx(8 * 1.0)
+    assert (costs.starts[-1].prompt_length, costs.starts[-1].max_length, costs.starts[-1].sampling.do_sample) == (None, 9, False)
+
+
+def test_bad_simulation_arguments_are_refused():
+    """A negative prompt length or a sampling that is not a SamplingConfig is refused naming the argument."""
+    trace = synthetic_trace(2.0, 3, streams=2, blocks=8)
+    with pytest.raises(ValueError, match="prompt_length"):
+        simulate(trace, FixedLength(1), ConstantCostModel(), rows=1, new_tokens=4, prompt_length=-1)
+    with pytest.raises(TypeError, match="sampling"):
+        simulate(trace, FixedLength(1), ConstantCostModel(), rows=1, new_tokens=4, sampling={"do_sample": True})
 
 
 @pytest.mark.parametrize(
