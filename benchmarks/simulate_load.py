@@ -149,6 +149,11 @@ def _policies(gamma: int, threshold: bool = True) -> dict:
     return policies
 
 
+def _batch_count(rows: int, c: int) -> int:
+    """How many batches of c prompts bench_load ran at concurrency c for ``--rows`` rows: ceil(rows / c)."""
+    return -(-rows // c)
+
+
 def _streams(trace: BlockTrace, start: int, stop: int) -> BlockTrace:
     """Streams ``start`` … ``stop`` − 1 of ``trace``: the prompts of one measured batch."""
     return attrs.evolve(trace, survival=trace.survival[start:stop], drafted=trace.drafted[start:stop], accepted=trace.accepted[start:stop])
@@ -173,7 +178,8 @@ def validate(traces: dict, cost_model, measured: dict, gamma: int, prompt_length
             continue
         sampling = SamplingConfig(**MODES[mode])
         for c_text, entries in measured["results"]["shipped"][mode].items():
-            c, batches = int(c_text), -(-rows // int(c_text))
+            c = int(c_text)
+            batches = _batch_count(rows, c)
             if c * batches > len(traces[mode].survival):
                 raise SystemExit(f"c = {c} ran {batches} batches of {c} prompts; the traces hold {len(traces[mode].survival)} (raise --prompts)")
             for name, entry in entries.items():
@@ -314,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = measured["settings"]["rows"]
     prompt_lengths = {
         (c, batch): encode_chat(bundle.tokenizer, messages[batch * c : (batch + 1) * c])["input_ids"].shape[1]
-        for c in measured["settings"]["concurrency"] for batch in range(-(-rows // c))
+        for c in measured["settings"]["concurrency"] for batch in range(_batch_count(rows, c))
     }
     report = {
         "command": shlex.join([sys.executable, *sys.argv]),
