@@ -249,10 +249,7 @@ def tau_needed(cost_model, gamma: int, new_tokens: int) -> dict:
             for name, policy in (("plain", FixedLength(0)), ("mtp1", FixedLength(1)), *schedulers.items()):
                 simulate(trace, policy, cost_model, rows=c, new_tokens=8)
                 runs[name] = simulate(trace, policy, cost_model, rows=c, new_tokens=new_tokens).aggregate_tokens_per_s
-            report[str(tau)][str(c)] = {
-                "dspark_vs_mtp1": runs["dspark"] / runs["mtp1"], "dspark_vs_plain": runs["dspark"] / runs["plain"],
-                "look_ahead_vs_mtp1": runs["look_ahead"] / runs["mtp1"], "look_ahead_vs_plain": runs["look_ahead"] / runs["plain"],
-            }
+            report[str(tau)][str(c)] = {f"{name}_vs_{baseline}": runs[name] / runs[baseline] for name in schedulers for baseline in ("mtp1", "plain")}
     return report
 
 
