@@ -276,6 +276,39 @@ def test_the_choice_reads_the_rows_gain_pulled_towards_the_priors_by_prior_weigh
     assert fresh.shrunk_gain([0], prior)[0] == pytest.approx(0.1) and prior[0] != pytest.approx(0.1)  # κ = 0: g alone
 
 
+def test_skipped_steps_age_a_rows_own_evidence():
+    """m_r = Σ over its drafted steps of (1 − α)^(steps since): skipping pulls ĝ towards the prior's, and the next drafted
+    step weighs 1/(m_r + 1), more than α after a long skip; with no skip m_r is the count of drafted steps."""
+    fallback = GoodputFallback(smoothing=0.1, prior_weight=3.0)
+    fallback.prior.update("greedy", 1, torch.tensor([0.8], dtype=torch.float64), torch.tensor([1]))
+    run = fallback.start(start(1), Costs())
+    for _ in range(12):
+        run.observe(record([0], [True], [1], [0], survival=torch.tensor([[0.1, 0.0, 0.0, 0.0]])))
+    assert run.aged_evidence(0) == pytest.approx(12.0) and run.gain[0] == pytest.approx(0.1)
+    prior = fallback.prior.get("greedy", 1)
+    before = run.shrunk_gain([0], prior)[0]
+    for _ in range(10):
+        run.observe(record([0], [False], [0], [0]))
+    assert run.aged_evidence(0) == pytest.approx(12.0 * 0.9**10)
+    assert before < run.shrunk_gain([0], prior)[0] < prior[0]
+    run.observe(record([0], [True], [1], [0], survival=torch.tensor([[0.9, 0.0, 0.0, 0.0]])))
+    assert run.gain[0] == pytest.approx(0.1 + (0.9 - 0.1) / (12.0 * 0.9**10 + 1.0))
+
+
+def test_a_rows_priced_width_is_pulled_towards_the_priors_as_its_gain_is():
+    """A row whose one step verified two tokens (ratio 1.13) where rows verified one (ratio 1.16): with prior_weight 3,
+    (1·1.13 + 3·1.16) / 4 = 1.1525, priced at width 1; with 0, at its own width 2."""
+    widths = []
+    for weight in (3.0, 0.0):
+        fallback = GoodputFallback(prior_weight=weight)
+        for _ in range(8):  # earlier generations verified one token a step; the row's own step then moves λ̄ by 1/9
+            fallback.prior.update("greedy", 1, torch.tensor([0.3], dtype=torch.float64), torch.tensor([1]))
+        run = fallback.start(start(1), WidthTable())
+        run.observe(record([0], [True], [2], [1]))
+        widths.append(run.priced_widths([0], 1))
+    assert widths == [[1], [2]]
+
+
 def test_a_dip_below_break_even_does_not_drop_a_row_where_rows_like_it_pay():
     """Drafting costs 0.15 of a step; rows here have gained 0.4 a step. One step gaining 0.05 drops the row with prior_weight=0,
     not with the default, whose estimate is pulled towards what rows like it gain."""

@@ -7,8 +7,13 @@ verified, Σ_{j≤ℓ_r} a_{r,j} with a = c_1·…·c_j the estimator's survival
 far less noisy than the realised n_r, mostly 0 or 1), or n_r itself without an estimator; 0 when the
 scheduler verified none of the row's draft; ĝ_r = (m_r·g_r + κ·ḡ) / (m_r + κ) what the choice reads: g_r
 pulled towards ḡ, the gain drafted rows have shown at this batch size and band (``GainPrior``, below), by
-κ = ``prior_weight`` pseudo-steps against m_r, the row's own drafted steps in this generation counted up
-to the smoothing's horizon (2 − α)/α (an exponential average over more steps is no surer). A smoothed
+κ = ``prior_weight`` pseudo-steps against m_r, the row's own drafted steps in this generation, each weighing
+(1 − α)^k, k the steps since it, counted up to the smoothing's horizon (2 − α)/α (an exponential average over
+more steps is no surer). A skipped step observes nothing, so the row's own evidence ages as the smoothing ages
+an observation: a row kept out drifts back towards what rows like it gain, and the step that next measures it
+weighs 1/(m_r + 1) (at least α) in g_r, so that one probe after a long wait counts for more than α of an
+estimate that stale (at one row, rows kept out after a poor start came back only after two or three probes, on
+prompts where drafting every step, MTP-1, ran 1.12–1.23× plain decoding: a probe, not kept). A smoothed
 estimate that has just fallen below what drafting costs overstates how far: the row's next steps regress
 towards what rows like it gain, so a choice on the raw g_r skips steps whose drafting pays, most where
 the average row is near break-even (batch 1); where drafting pays for no row (under load, ḡ near 0)
@@ -21,7 +26,11 @@ decision is taken on the margin (ρ does not scale the probe ceiling below: a pr
 width its steps cost on average: the w whose T(R, 1 + w) / T(R, 1) lies nearest the mean of T(R, 1 + ℓ_r) / T(R, 1)
 over its drafted steps, averaged alike (``GoodputFallbackRun.priced_widths``; round(λ_r) before its first), because
 a row whose verify length is often 0 and sometimes γ (prompt lookup, between and on matches) widens few steps, where
-T at its mean ℓ would price every step wider;
+T at its mean ℓ would price every step wider; that mean ratio pulled towards the ratio of round(λ̄), the prior's verify
+length, as g_r is towards ḡ: a gain pulled towards what rows verifying λ̄ tokens gain must be priced at a width pulled
+towards theirs (a row whose first step verified two tokens, on a CPU where a third token costs 18% more than a
+second, was priced two wide with a gain shrunk to one token's, and drafted on a third of the steps of a prompt
+where MTP-1 ran 1.44× plain decoding: a probe, not kept);
 D(k) the seconds that drafting k rows adds to a step, the cost model's ``draft_time(k, depth)`` at the depth the
 rows would be drafted (the deepest of the candidates: one pass drafts every chosen row that deep), less what a
 step that drafts for no row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
@@ -232,7 +241,7 @@ def best_drafted_rows(
     return torch.tensor(chosen, dtype=torch.bool)
 
 
-def _new_step_weight(steps: int, smoothing: float) -> float:
+def _new_step_weight(steps: float, smoothing: float) -> float:
     """The weight of the newest of ``steps`` observations in an estimate that is their mean while they are fewer than
     1/``smoothing``, then exponential smoothing by ``smoothing``."""
     return max(1 / steps, smoothing)
@@ -463,6 +472,8 @@ class GoodputFallbackRun:
         self.step_ratio: list[float | None] = [None] * batch
         self.observed = [False] * batch  # has an estimate: its own outcome or the prior's
         self.own_steps = [0] * batch  # drafted steps of its own in this generation (> 0: measured)
+        # Per row: its own drafted steps as evidence, each aged by (1 − α) for every step since (``aged_evidence``).
+        self.evidence = [0.0] * batch
         self.skipped = [0] * batch
         self.interval = [fallback.prior.probe_interval(self.band, batch) or fallback.probe_after] * batch
         self.idle_seconds: float | None = None
@@ -525,16 +536,23 @@ class GoodputFallbackRun:
         time T(rows, 1 + w) / T(rows, 1) lies nearest the row's mean ratio over its own drafted steps (the narrower on
         a tie), round(λ_r) before its first. The mean of the times, not the time at the mean ℓ: a row that verifies
         four tokens on one step in eight and none on the others (prompt lookup between matches) widens one step in
-        eight, where T at round(λ_r) = 1 would price every step one token wider (module docstring)."""
+        eight, where T at round(λ_r) = 1 would price every step one token wider (module docstring). The mean ratio is
+        pulled towards the prior's, that of round(λ̄), as ĝ_r is towards ḡ (``shrunk``): the gain a step priced
+        wider brings is pulled towards what rows verifying λ̄ tokens gain, so its width must be too."""
         one_token = self.cost_model.step_time(rows, 1)
         if one_token <= 0:
             return [round(self.verify[row]) for row in drafted]
         ratios = [self.cost_model.step_time(rows, 1 + width) / one_token for width in range(self.max_draft_tokens + 1)]
-        return [
-            round(self.verify[row]) if self.step_ratio[row] is None
-            else min(range(len(ratios)), key=lambda width, row=row: (abs(ratios[width] - self.step_ratio[row]), width))
-            for row in drafted
-        ]
+        prior = self.fallback.prior.get(self.band, rows)
+        prior_ratio = None if prior is None else ratios[min(max(round(prior[1]), 0), self.max_draft_tokens)]
+        widths = []
+        for row in drafted:
+            if self.step_ratio[row] is None:
+                widths.append(round(self.verify[row]))
+                continue
+            ratio = self.shrunk(row, self.step_ratio[row], prior_ratio)
+            widths.append(min(range(len(ratios)), key=lambda width: (abs(ratios[width] - ratio), width)))
+        return widths
 
     def avoidable_draft_time(self, rows: int, depth: int | None = None) -> float:
         """D(k): what drafting ``rows`` rows ``depth`` tokens deep (None: the whole block) adds to a step that drafts
@@ -623,12 +641,24 @@ class GoodputFallbackRun:
         return chosen, [not is_observed or is_due for is_observed, is_due in zip(observed, due)], depths
 
     def shrunk_gain(self, rows: list[int], prior: tuple[float, float] | None) -> list[float]:
-        """ĝ_r of ``rows``: g_r pulled towards the prior's g by ``prior_weight`` pseudo-steps against the row's own
-        drafted steps, counted up to the smoothing's horizon (2 − α)/α (module docstring)."""
-        if prior is None or self.fallback.prior_weight == 0:
-            return [self.gain[row] for row in rows]
-        horizon, weight = (2 - self.fallback.smoothing) / self.fallback.smoothing, self.fallback.prior_weight
-        return [(min(self.own_steps[row], horizon) * self.gain[row] + weight * prior[0]) / (min(self.own_steps[row], horizon) + weight) for row in rows]
+        """ĝ_r of ``rows``: g_r pulled towards the prior's g (``shrunk``; module docstring)."""
+        return [self.shrunk(row, self.gain[row], None if prior is None else prior[0]) for row in rows]
+
+    def shrunk(self, row: int, own: float, prior: float | None) -> float:
+        """(m_r·``own`` + κ·``prior``) / (m_r + κ): a value of row ``row`` pulled towards the prior's by ``prior_weight``
+        pseudo-steps against its own drafted steps, aged (``aged_evidence``) and counted up to the smoothing's horizon
+        (2 − α)/α; ``own`` itself without a prior or with κ = 0."""
+        weight = self.fallback.prior_weight
+        if prior is None or weight == 0:
+            return own
+        steps = min(self.aged_evidence(row), (2 - self.fallback.smoothing) / self.fallback.smoothing)
+        return (steps * own + weight * prior) / (steps + weight)
+
+    def aged_evidence(self, row: int) -> float:
+        """m_r: row ``row``'s own drafted steps, each weighing (1 − α)^k, k the steps since it (module docstring). A skipped
+        step observes nothing, so what the row showed ages as the smoothing ages an observation; with no step skipped,
+        its drafted steps."""
+        return self.evidence[row] * (1 - self.fallback.smoothing) ** self.skipped[row]
 
     def depth(self, rows: list[int]) -> list[int]:
         """How many tokens to draft for each of ``rows`` if drafted (``depth_margin``): γ for every row where a whole
@@ -709,7 +739,9 @@ class GoodputFallbackRun:
                 self.skipped[row] += 1
                 continue
             self.own_steps[row] += 1
-            weight = _new_step_weight(self.own_steps[row], self.fallback.smoothing)
+            # The newest step weighs 1/m_r (at least α): after a long skip, the row's aged estimate gives way to it.
+            self.evidence[row] = self.aged_evidence(row) + 1.0
+            weight = _new_step_weight(self.evidence[row], self.fallback.smoothing)
             self.gain[row] += weight * (gain - self.gain[row])
             self.verify[row] += weight * (verify_length - self.verify[row])
             if one_token > 0:
