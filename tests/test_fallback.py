@@ -277,7 +277,7 @@ def test_the_choice_reads_the_rows_gain_pulled_towards_the_priors_by_prior_weigh
 
 
 def test_skipped_steps_age_a_rows_own_evidence():
-    """m_r = Σ over its drafted steps of (1 − α)^(steps since): skipping pulls ĝ towards the prior's, and the next drafted
+    """m_r = Σ over its drafted steps of (1 − α)^(steps skipped since): skipping pulls ĝ towards the prior's, and the next drafted
     step weighs 1/(m_r + 1), more than α after a long skip; with no skip m_r is the count of drafted steps."""
     fallback = GoodputFallback(smoothing=0.1, prior_weight=3.0)
     fallback.prior.update("greedy", 1, torch.tensor([0.8], dtype=torch.float64), torch.tensor([1]))

@@ -8,7 +8,7 @@ far less noisy than the realised n_r, mostly 0 or 1), or n_r itself without an e
 scheduler verified none of the row's draft; ĝ_r = (m_r·g_r + κ·ḡ) / (m_r + κ) what the choice reads: g_r
 pulled towards ḡ, the gain drafted rows have shown at this batch size and band (``GainPrior``, below), by
 κ = ``prior_weight`` pseudo-steps against m_r, the row's own drafted steps in this generation, each weighing
-(1 − α)^k, k the steps since it, counted up to the smoothing's horizon (2 − α)/α (an exponential average over
+(1 − α)^k, k the steps skipped since it, counted up to the smoothing's horizon (2 − α)/α (an exponential average over
 more steps is no surer). A skipped step observes nothing, so the row's own evidence ages as the smoothing ages
 an observation: a row kept out drifts back towards what rows like it gain, and the step that next measures it
 weighs 1/(m_r + 1) (at least α) in g_r, so that one probe after a long wait counts for more than α of an
@@ -472,7 +472,7 @@ class GoodputFallbackRun:
         self.step_ratio: list[float | None] = [None] * batch
         self.observed = [False] * batch  # has an estimate: its own outcome or the prior's
         self.own_steps = [0] * batch  # drafted steps of its own in this generation (> 0: measured)
-        # Per row: its own drafted steps as evidence, each aged by (1 − α) for every step since (``aged_evidence``).
+        # Per row: its own drafted steps as evidence, each aged by (1 − α) for every step skipped since (``aged_evidence``).
         self.evidence = [0.0] * batch
         self.skipped = [0] * batch
         self.interval = [fallback.prior.probe_interval(self.band, batch) or fallback.probe_after] * batch
@@ -655,9 +655,9 @@ class GoodputFallbackRun:
         return (steps * own + weight * prior) / (steps + weight)
 
     def aged_evidence(self, row: int) -> float:
-        """m_r: row ``row``'s own drafted steps, each weighing (1 − α)^k, k the steps since it (module docstring). A skipped
-        step observes nothing, so what the row showed ages as the smoothing ages an observation; with no step skipped,
-        its drafted steps."""
+        """m_r: row ``row``'s own drafted steps, each weighing (1 − α)^k, k the steps skipped since it (module docstring): a
+        skipped step observes nothing, so what the row showed ages as the smoothing ages an observation. With no step
+        skipped, the count of its drafted steps."""
         return self.evidence[row] * (1 - self.fallback.smoothing) ** self.skipped[row]
 
     def depth(self, rows: list[int]) -> list[int]:
