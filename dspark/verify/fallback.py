@@ -13,7 +13,7 @@ more steps is no surer). A skipped step observes nothing, so the row's own evide
 an observation: a row kept out drifts back towards what rows like it gain, and the step that next measures it
 weighs 1/(m_r + 1) (at least α) in g_r, so that one probe after a long wait counts for more than α of an
 estimate that stale (at one row, rows kept out after a poor start came back only after two or three probes, on
-prompts where drafting every step, MTP-1, ran 1.12–1.23× plain decoding: a probe, not kept). A smoothed
+prompts where drafting every step, MTP-1, ran 1.07–1.44× plain decoding: a probe, not kept). A smoothed
 estimate that has just fallen below what drafting costs overstates how far: the row's next steps regress
 towards what rows like it gain, so a choice on the raw g_r skips steps whose drafting pays, most where
 the average row is near break-even (batch 1); where drafting pays for no row (under load, ḡ near 0)
