@@ -544,7 +544,7 @@ class GoodputFallbackRun:
             return [round(self.verify[row]) for row in drafted]
         ratios = [self.cost_model.step_time(rows, 1 + width) / one_token for width in range(self.max_draft_tokens + 1)]
         prior = self.fallback.prior.get(self.band, rows)
-        prior_ratio = None if prior is None else ratios[min(max(round(prior[1]), 0), self.max_draft_tokens)]
+        prior_ratio = None if prior is None else ratios[min(round(prior[1]), self.max_draft_tokens)]
         widths = []
         for row in drafted:
             if self.step_ratio[row] is None:
