@@ -5,8 +5,9 @@ For each concurrency c, static batches of c different Spec-Bench first turns gen
 batches one after another (R different prompts at least), so that small c is not one prompt's
 luck and the policies that learn (the fallback's prior, the online cost correction) see as many
 rows at every c and both drafters (the shipped
-semi-autoregressive drafter with its calibrated estimator; prompt lookup with the calibrated
-logistic model of its signals), greedy and/or at temperature 1:
+semi-autoregressive drafter with its calibrated estimator; prompt lookup with the logistic model of its signals,
+fitted offline and refitted online per sampling band, ``dspark.verify.online_estimator``, or with
+``--lookup-estimator calibrated`` the offline fit through its per-band calibration), greedy and/or at temperature 1:
 
 * plain decoding (nothing drafted), plain decoding again (``plain_again``, an A/A control: not a static policy,
   its ratio to plain decoding is the machine's noise), MTP-1 (``FixedLength(1)``), fixed γ (every drafted token),
@@ -71,7 +72,7 @@ from dspark.benchmarking import across_categories, generated_tokens, paired_rati
 from dspark.drafters import PromptLookupDrafter
 from dspark.pretrained import encode_chat
 from dspark.training.data import eval_prompts
-from dspark.verify import CalibrationFile, GoodputFallback, HardwareAwareScheduler, Threshold, calibrated_estimator
+from dspark.verify import CalibrationFile, GoodputFallback, HardwareAwareScheduler, Threshold, calibrated_estimator, online_estimator
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -93,6 +94,10 @@ def _parse_args(argv):
     parser.add_argument("--drafters", default="shipped,prompt_lookup", help="among shipped, prompt_lookup")
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"among {', '.join(POLICIES)}; plain is always run (every ratio is to it)")
     parser.add_argument("--lookup-calibration", default=str(RESULTS / "calibration_prompt_lookup"))
+    parser.add_argument(
+        "--lookup-estimator", default="online", choices=("online", "calibrated"),
+        help="prompt lookup's estimator: the calibration file's logistic model refitted online per band (online_estimator), or as fitted, calibrated per band",
+    )
     parser.add_argument("--data-dir", default=None, help="the prompt-data folder holding eval/ (default: dspark.training.default_data_dir())")
     parser.add_argument("--output", type=Path, default=RESULTS / "bench_load.json")
     parser.add_argument(
@@ -328,9 +333,10 @@ def main(argv: list[str] | None = None) -> dict:
     if len(messages) < needed:
         raise SystemExit(f"--rows {args.rows} and --concurrency {args.concurrency} need {needed} Spec-Bench prompts, the eval set has {len(messages)}")
     lookup_calibration = CalibrationFile.load(args.lookup_calibration)
+    lookup_estimator = online_estimator if args.lookup_estimator == "online" else calibrated_estimator
     drafters = {
         "shipped": (bundle.drafter, lambda: calibrated_estimator(bundle.drafter.calibration), bundle.drafter.max_draft_tokens),
-        "prompt_lookup": (PromptLookupDrafter(), lambda: calibrated_estimator(lookup_calibration), PromptLookupDrafter().max_draft_tokens),
+        "prompt_lookup": (PromptLookupDrafter(), lambda: lookup_estimator(lookup_calibration), PromptLookupDrafter().max_draft_tokens),
     }
     drafters = {name: drafters[name] for name in args.drafters}
     runs = len(drafters) * len(args.modes) * len(args.concurrency) * len(args.policies)

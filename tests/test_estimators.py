@@ -14,12 +14,14 @@ from dspark.types import Draft, GenerationStart, SamplingConfig, StepOutcome
 from dspark.verify import DraftProbability, DrafterConfidence, Threshold
 from dspark.verify.calibration import Calibration, CalibrationLog, CalibrationSet, apply_temperatures
 from dspark.verify.estimators import (
+    BandedConfidence,
     CalibratedConfidence,
     DriftCorrectedConfidence,
     LogisticConfidence,
     OnlineLogisticConfidence,
     draft_signals,
     fit_logistic,
+    online_estimator,
 )
 from tests.conftest import build_model, left_padded_batch
 from tests.strategies import estimator_streams, logistic_problems
@@ -414,6 +416,73 @@ def test_calibrated_confidence_refuses_bad_parts():
         CalibratedConfidence(object(), BANDED)
     with pytest.raises(TypeError, match="calibrations must be a CalibrationSet"):
         CalibratedConfidence(DraftProbability(), Calibration("temperature", (1.0,)))
+
+
+# ----------------------------------------------------------------------------- BandedConfidence
+
+
+def test_banded_confidence_keeps_one_estimator_per_band():
+    """Each band's estimator is made on its first start and kept; greedy answers before any start; what one band
+    learns online leaves another's survival as it was."""
+    made = []
+
+    def make(band):
+        made.append(band)
+        return OnlineLogisticConfidence(initial_survival=0.5, refit_every=1, min_samples=1)
+
+    estimator = BandedConfidence(make)
+    draft = signal_draft(torch.zeros((4, 2, 1)))
+    assert torch.allclose(estimator.survival(draft), torch.tensor(0.5)) and made == ["greedy"]
+    estimator.start(generation_start(do_sample=True, temperature=1.0))
+    estimator.survival(draft)
+    estimator.observe(outcome([2, 2, 2, 2], [0, 0, 0, 0]))  # every first position rejected: the high band learns c_1 < 0.5
+    high = estimator.survival(draft)
+    assert made == ["greedy", "high"] and float(high[0, 0]) < 0.2
+    estimator.start(generation_start())
+    assert torch.allclose(estimator.survival(draft), torch.tensor(0.5)), "the greedy band must not see the high band's outcomes"
+    estimator.start(generation_start(do_sample=True, temperature=1.0))
+    assert torch.equal(estimator.survival(draft), high) and made == ["greedy", "high"]
+
+
+def test_banded_confidence_forwards_hooks_and_refuses_bad_parts():
+    """start, observe and report reach the current band's estimator; a make that is not callable, or that makes no
+    estimator, is a TypeError naming it."""
+    base = RecordingEstimator()
+    estimator = BandedConfidence(lambda band: base)
+    estimator.start(generation_start())
+    estimator.survival(signal_draft(torch.zeros((1, 2, 1))))
+    estimator.observe(outcome([1], [1]))
+    assert base.events == ["start", "observe"] and estimator.report() == {"events": 2}
+    with pytest.raises(TypeError, match="make must be a callable"):
+        BandedConfidence(DraftProbability())
+    with pytest.raises(TypeError, match=r"make\('greedy'\) must be a ConfidenceEstimator"):
+        BandedConfidence(lambda band: object()).survival(signal_draft(torch.zeros((1, 2, 1))))
+
+
+def test_online_estimator_starts_each_band_from_the_files_logistic_model():
+    """online_estimator refits the file's fitted logistic model per band, without the file's calibration; a file
+    without one, and options OnlineLogisticConfidence refuses, are refused at once."""
+    from dspark.verify import Calibration, CalibrationFile, CalibrationSet
+
+    bands = {"greedy": Calibration("temperature", (2.0,))}
+    logistic = LogisticConfidence(((0.5, 1.0),))
+    calibration_file = CalibrationFile(
+        {"LogisticConfidence": CalibrationSet("LogisticConfidence", bands), "DraftProbability": CalibrationSet("DraftProbability", bands)},
+        "LogisticConfidence", estimators={"LogisticConfidence": logistic.to_dict()},
+    )
+    estimator = online_estimator(calibration_file, refit_every=3)
+    draft = signal_draft(torch.full((2, 2, 1), 0.5))
+    assert torch.allclose(estimator.survival(draft), logistic.survival(draft))
+    assert isinstance(estimator.current, OnlineLogisticConfidence) and estimator.current.prior == logistic and estimator.current.refit_every == 3
+    estimator.start(generation_start(do_sample=True, temperature=1.0))
+    assert estimator.current is not estimator.estimators["greedy"] and estimator.current.prior == logistic
+    without = CalibrationFile({"DraftProbability": CalibrationSet("DraftProbability", bands)}, "DraftProbability")
+    with pytest.raises(ValueError, match="must hold a fitted LogisticConfidence"):
+        online_estimator(without)
+    with pytest.raises(ValueError, match="refit_every"):
+        online_estimator(calibration_file, refit_every=0)
+    with pytest.raises(TypeError, match="calibration_file must be a CalibrationFile"):
+        online_estimator(logistic)
 
 
 # ----------------------------------------------------------------------------- DriftCorrectedConfidence

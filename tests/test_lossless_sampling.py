@@ -12,7 +12,7 @@ from dspark.drafters import CascadeDrafter, DraftModelDrafter, PromptLookupDraft
 from dspark.types import Draft, SamplingConfig
 from dspark.verify import DrafterConfidence, DraftProbability, FixedLength, GoodputFallback, Threshold
 from dspark.verify.calibration import Calibration, CalibrationSet
-from dspark.verify.estimators import CalibratedConfidence, DriftCorrectedConfidence, LogisticConfidence, OnlineLogisticConfidence
+from dspark.verify.estimators import BandedConfidence, CalibratedConfidence, DriftCorrectedConfidence, LogisticConfidence, OnlineLogisticConfidence
 from dspark.verify.schedulers import HardwareAwareScheduler, MinimumGainRule, VllmArgmaxRule, prefix_schedule
 from dspark.verify.warping import warped_probs
 from tests.conftest import FixedSurvival, build_model
@@ -153,6 +153,7 @@ MAX_Q_MODEL = LogisticConfidence([[-4.0, 8.0, 0.0]])
 LEARNING_ESTIMATORS = {
     "logistic": (lambda: MAX_Q_MODEL, 0.5),
     "online-logistic": (lambda: OnlineLogisticConfidence(MAX_Q_MODEL, refit_every=1, min_samples=10), 0.25),
+    "banded-online-logistic": (lambda: BandedConfidence(lambda band: OnlineLogisticConfidence(MAX_Q_MODEL, refit_every=1, min_samples=10)), 0.25),
     "calibrated": (
         lambda: CalibratedConfidence(
             DraftProbability(), CalibrationSet("DraftProbability", {"greedy": Calibration("temperature", (1.0,)), "high": Calibration("temperature", (0.5, 2.0))})
@@ -165,14 +166,14 @@ LEARNING_ESTIMATORS = {
 
 @pytest.mark.parametrize("estimator_kind", sorted(LEARNING_ESTIMATORS))
 def test_threshold_on_a_learning_estimator_is_lossless(models, estimator_kind):
-    """Thresholds on the logistic, online, band-calibrated and drift-corrected estimators keep the target law;
-    the online ones refit between the steps of this very generation."""
+    """Thresholds on the logistic, online (alone and one per band), band-calibrated and drift-corrected estimators keep
+    the target law; the online ones refit between the steps of this very generation."""
     target, draft_model = models
     make, threshold = LEARNING_ESTIMATORS[estimator_kind]
     result = _sample(target, DraftModelDrafter(draft_model), WARPINGS[0], seed=7, max_draft_tokens=2, policy=Threshold(threshold), confidence=make())
     lengths = torch.cat(result.stats.verify_lengths)
     assert bool((lengths == 0).any()) and bool((lengths > 0).any()), "the threshold must both cut and admit drafts"
-    if estimator_kind in ("online-logistic", "drift-corrected"):
+    if estimator_kind in ("online-logistic", "banded-online-logistic", "drift-corrected"):
         assert result.stats.records[0].estimator is not None, "the first step's refit must reach the second step"
     assert _g_test_p_value(result.sequences, _joint_law(target, WARPINGS[0])) > SIGNIFICANCE
 

@@ -1,6 +1,6 @@
 """Confidence estimators that learn: a logistic model of survival on draft signals (fitted offline from
 logs, or online from the target's decisions), and wrappers that calibrate another estimator per
-sampling band or correct its drift online.
+sampling band, keep one estimator per band, or correct an estimator's drift online.
 
 Notation, used throughout: a draft has R rows and γ positions k = 1..γ; ``s[r, k]`` ∈ ℝ^F are the
 signals of position k (``draft_signals``), all known before x_k is drawn; c_k = P(x_k accepted |
@@ -19,7 +19,7 @@ host in one copy per refit, where fits run in float64.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import torch
@@ -32,6 +32,7 @@ from dspark.verify.calibration import CalibrationFile, CalibrationLog, Calibrati
 from dspark.verify.confidence import DraftProbability, DrafterConfidence
 
 __all__ = [
+    "BandedConfidence",
     "CalibratedConfidence",
     "DriftCorrectedConfidence",
     "LogisticConfidence",
@@ -39,6 +40,7 @@ __all__ = [
     "calibrated_estimator",
     "draft_signals",
     "fit_logistic",
+    "online_estimator",
 ]
 
 EPS = 1e-6  # survival stays strictly inside (0, 1), also after a float32 cast
@@ -561,6 +563,52 @@ class CalibratedConfidence:
         return _forward(self.base, "report")
 
 
+class BandedConfidence:
+    """One estimator per sampling band (``band_of``: 'greedy', 'low', 'high'), each made by ``make(band)`` when a
+    generation of that band first starts, and kept: an estimator that learns online (``OnlineLogisticConfidence``,
+    ``DriftCorrectedConfidence``) then learns each band's acceptance from that band's steps only. Greedy and sampled
+    steps accept at different rates (``CalibratedConfidence`` keeps a calibration per band for the same reason), so
+    one shared estimator would carry a greedy run's fit into the first sampled generations and back.
+
+    Before any ``start``, the 'greedy' band's estimator answers. The current estimator's hooks (start, observe,
+    report) are forwarded.
+    """
+
+    def __init__(self, make: Callable[[str], ConfidenceEstimator]):
+        if not callable(make):
+            raise TypeError(f"make must be a callable band -> ConfidenceEstimator, got {make!r}")
+        self.make = make
+        self.estimators: dict[str, ConfidenceEstimator] = {}
+        self.band = "greedy"
+
+    @property
+    def current(self) -> ConfidenceEstimator:
+        """The estimator of the band last started, made on first use."""
+        estimator = self.estimators.get(self.band)
+        if estimator is None:
+            estimator = self.make(self.band)
+            _check_estimator(f"make({self.band!r})", estimator)
+            self.estimators[self.band] = estimator
+        return estimator
+
+    def start(self, start: GenerationStart) -> None:
+        """Switch to the band of the generation's sampling, then start its estimator."""
+        self.band = band_of(start.sampling)
+        _forward(self.current, "start", start)
+
+    def survival(self, draft: Draft) -> torch.Tensor:
+        """The current band's survival, FloatTensor[R, γ]."""
+        return self.current.survival(draft)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Forwarded to the current band's estimator."""
+        _forward(self.current, "observe", outcome)
+
+    def report(self) -> dict | None:
+        """The current band's report."""
+        return _forward(self.current, "report")
+
+
 def _scaled(survival: torch.Tensor, temperature) -> torch.Tensor:
     return torch.sigmoid(torch.logit(survival, eps=EPS) / temperature)
 
@@ -686,3 +734,20 @@ def calibrated_estimator(calibration_file: CalibrationFile, name: str | None = N
     if name not in calibration_file.sets:
         raise ValueError(f"name must be one of the calibrated estimators {sorted(calibration_file.sets)}, got {name!r}")
     return CalibratedConfidence(_raw_estimator(name, calibration_file), calibration_file.sets[name])
+
+
+def online_estimator(calibration_file: CalibrationFile, **options) -> BandedConfidence:
+    """The file's fitted ``LogisticConfidence`` as the prior of an ``OnlineLogisticConfidence`` per sampling band
+    (``BandedConfidence``; ``options`` are ``OnlineLogisticConfidence``'s): the same model, refitted on the running
+    outcomes. For a drafter whose offline fit transfers poorly to the prompts served (prompt lookup's signals,
+    ``docs/calibration.rst``): the file's per-band calibration is not applied, because a refit on the outcomes is
+    itself calibrated to them."""
+    if not isinstance(calibration_file, CalibrationFile):
+        raise TypeError(f"calibration_file must be a CalibrationFile, got {type(calibration_file).__name__}")
+    if "LogisticConfidence" not in calibration_file.estimators:
+        raise ValueError(
+            f"calibration_file must hold a fitted LogisticConfidence to start from, got estimators {sorted(calibration_file.estimators)}"
+        )
+    prior = LogisticConfidence.from_dict(calibration_file.estimators["LogisticConfidence"])
+    OnlineLogisticConfidence(prior, **options)  # options checked now, not at the first generation
+    return BandedConfidence(lambda band: OnlineLogisticConfidence(prior, **options))
