@@ -264,6 +264,8 @@ class LogisticConfidence:
     """
 
     coefficients: tuple[tuple[float, ...], ...] = attrs.field(converter=_coefficient_rows, validator=_validate_coefficients)
+    # (width, device) → the coefficient tensor ``survival`` reads: built once, not on every decoding step.
+    _tensors: dict = attrs.field(init=False, factory=dict, eq=False, repr=False)
 
     @property
     def features(self) -> int:
@@ -280,7 +282,10 @@ class LogisticConfidence:
         """FloatTensor[R, γ] (float32, on the draft's device) of σ(b_k + w_k·s_k)."""
         signals = draft_signals(draft)
         _check_width(signals, self.features, "LogisticConfidence")
-        return _logistic_survival(signals, self.coefficient_tensor(signals.shape[1], signals.device))
+        key = (signals.shape[1], signals.device)
+        if key not in self._tensors:
+            self._tensors[key] = self.coefficient_tensor(*key)
+        return _logistic_survival(signals, self._tensors[key])
 
     @classmethod
     def fit(cls, signals: torch.Tensor, log: CalibrationLog, l2: float = 1e-2, iterations: int = 25) -> LogisticConfidence:
@@ -740,8 +745,8 @@ def online_estimator(calibration_file: CalibrationFile, **options) -> BandedConf
     """The file's fitted ``LogisticConfidence`` as the prior of an ``OnlineLogisticConfidence`` per sampling band
     (``BandedConfidence``; ``options`` are ``OnlineLogisticConfidence``'s): the same model, refitted on the running
     outcomes. For a drafter whose offline fit transfers poorly to the prompts served (prompt lookup's signals,
-    ``docs/calibration.rst``): the file's per-band calibration is not applied, because a refit on the outcomes is
-    itself calibrated to them."""
+    ``docs/calibration.rst``). The file's per-band calibration is not applied: a refit on the running outcomes is
+    calibrated to them, and until a band's first refit its model answers as fitted offline."""
     if not isinstance(calibration_file, CalibrationFile):
         raise TypeError(f"calibration_file must be a CalibrationFile, got {type(calibration_file).__name__}")
     if "LogisticConfidence" not in calibration_file.estimators:
