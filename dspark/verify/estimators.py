@@ -754,5 +754,6 @@ def online_estimator(calibration_file: CalibrationFile, **options) -> BandedConf
             f"calibration_file must hold a fitted LogisticConfidence to start from, got estimators {sorted(calibration_file.estimators)}"
         )
     prior = LogisticConfidence.from_dict(calibration_file.estimators["LogisticConfidence"])
-    OnlineLogisticConfidence(prior, **options)  # options checked now, not at the first generation
-    return BandedConfidence(lambda band: OnlineLogisticConfidence(prior, **options))
+    estimator = BandedConfidence(lambda band: OnlineLogisticConfidence(prior, **options))
+    estimator.current  # the greedy band's model, made now: options it refuses fail here, not at the first generation
+    return estimator
