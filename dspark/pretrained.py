@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from dspark.drafters import PromptLookupDrafter, SemiARDrafter
 from dspark.protocols import Drafter
 
-__all__ = ["PretrainedBundle", "encode_chat", "load", "load_target", "shipped_drafter", "KNOWN_MODELS", "PROMPT_LOOKUP", "default_cache_dir"]
+__all__ = ["PretrainedBundle", "encode_chat", "load", "load_checkpoint", "load_target", "shipped_drafter", "KNOWN_MODELS", "PROMPT_LOOKUP", "default_cache_dir"]
 
 
 @attrs.frozen
@@ -135,6 +135,30 @@ def load_target(
     path = _ensure_checkpoint(name, KNOWN_MODELS[name], root)
     tokenizer = AutoTokenizer.from_pretrained(path)
     target = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return target.eval(), tokenizer
+
+
+def load_checkpoint(
+    path: str | os.PathLike, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A causal LM (eval mode) and its tokenizer from a local folder: a Hugging Face checkpoint
+    (``config.json`` and weights, as ``load_target`` caches) or a folder holding exactly one ``.gguf``
+    file, which ``transformers`` dequantizes (it needs the ``gguf`` package). ``dtype`` is the
+    floating-point dtype of the loaded model. Nothing is converted or cached.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a folder path, got {type(path).__name__}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.float32, got {dtype!r}")
+    folder = Path(path)
+    arguments = {}
+    if not (folder / "config.json").is_file():
+        gguf_files = sorted(file.name for file in folder.glob("*.gguf"))
+        if len(gguf_files) != 1:
+            raise ValueError(f"path must hold config.json or exactly one .gguf file, got {str(folder)!r} with {gguf_files}")
+        arguments["gguf_file"] = gguf_files[0]
+    tokenizer = AutoTokenizer.from_pretrained(folder, **arguments)
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **arguments)
     return target.eval(), tokenizer
 
 

@@ -89,3 +89,26 @@ def test_unknown_model_name_is_refused():
     with pytest.raises(ValueError, match="smollm2-135m-instruct"):
         pretrained.load("gpt-17")
 
+
+
+def test_load_checkpoint_reads_the_cached_folder(bundle):
+    """load_checkpoint on the folder load_target caches gives the same weights and tokenizer, in the dtype asked for."""
+    target, tokenizer = pretrained.load_checkpoint(pretrained.default_cache_dir() / "smollm2-135m-instruct", dtype=torch.bfloat16)
+    assert not target.training and target.dtype == torch.bfloat16
+    expected = bundle.target.get_input_embeddings().weight.to(torch.bfloat16)
+    assert torch.equal(target.get_input_embeddings().weight, expected)
+    assert tokenizer("List three prime numbers.")["input_ids"] == bundle.tokenizer("List three prime numbers.")["input_ids"]
+
+
+def test_load_checkpoint_refuses_what_it_cannot_read(tmp_path):
+    """A folder with neither config.json nor exactly one .gguf file, a non-path and a non-float dtype are refused by name."""
+    with pytest.raises(ValueError, match=r"exactly one \.gguf file.*\[\]"):
+        pretrained.load_checkpoint(tmp_path)
+    (tmp_path / "a.gguf").write_bytes(b"")
+    (tmp_path / "b.gguf").write_bytes(b"")
+    with pytest.raises(ValueError, match="'a.gguf', 'b.gguf'"):
+        pretrained.load_checkpoint(tmp_path)
+    with pytest.raises(TypeError, match="path"):
+        pretrained.load_checkpoint(3)
+    with pytest.raises(TypeError, match="dtype"):
+        pretrained.load_checkpoint(tmp_path, dtype=torch.int64)
