@@ -68,7 +68,7 @@ from transformers.utils import logging as transformers_logging
 
 import dspark
 from dspark import pretrained, strategies
-from dspark.benchmarking import across_categories, generated_tokens, paired_ratio, write_json
+from dspark.benchmarking import STATIC_POLICIES, across_categories, generated_tokens, paired_ratio, write_json
 from dspark.drafters import PromptLookupDrafter
 from dspark.pretrained import encode_chat
 from dspark.training.data import eval_prompts
@@ -76,7 +76,7 @@ from dspark.verify import CalibrationFile, GoodputFallback, HardwareAwareSchedul
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-STATIC = ("plain", "mtp1", "fixed_gamma", "threshold")
+STATIC = STATIC_POLICIES
 #: ``plain_again`` is plain decoding timed a second time, as a policy of its own: its ratio to plain decoding, which
 #: ought to be 1, is what the machine's noise alone makes of two runs of one policy (an A/A control).
 POLICIES = (*STATIC, "plain_again", "vllm_rule", "dspark", "dspark_candidates", "dspark_static", "dspark_look_ahead", "dspark_shallow")

@@ -7,9 +7,10 @@ the CPU for a smoke test:
     python benchmarks/gpu_check.py --device cpu --quick         # small sizes, fp32 + bf16 on the CPU
     python benchmarks/gpu_check.py --drafter dspark/pretrained_drafters/smollm2-135m-instruct   # the shipped drafter
 
-The target is SmolLM2-135M-Instruct when it can be loaded here (``pretrained.load_target``), else a
-randomly initialised model with its exact configuration (the GGUF does not fit in the device
-machine's 64 MiB upload): forward timings hold either way, acceptance rates only for the real one.
+The target is the one at ``--model-path`` when given (on the lent machine, the GGUF that
+``gpu_prepare.py`` sends in parts); else SmolLM2-135M-Instruct when it can be loaded here
+(``pretrained.load_target``); else a randomly initialised model with its exact configuration:
+forward timings hold either way, acceptance rates only for the real one.
 
 1. **Correctness.** Greedy ``wrap(target, drafter)`` against ``target.generate`` on a left-padded
    batch of mixed prompt lengths, for prompt lookup and a semi-AR drafter (γ = 7, every position

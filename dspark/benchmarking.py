@@ -18,7 +18,10 @@ from tqdm.auto import tqdm
 
 import dspark
 
-__all__ = ["across_categories", "first_difference", "generated_tokens", "load_table", "paired_ratio", "run_strategy", "sweep", "write_json"]
+__all__ = [
+    "STATIC_POLICIES", "across_categories", "first_difference", "generated_tokens", "load_table", "paired_ratio", "paired_vs_best_static",
+    "run_strategy", "sweep", "write_json",
+]
 
 #: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names; any other keeps its own name.
 _POLICY_TITLES = {
@@ -114,6 +117,18 @@ def paired_ratio(mine: list[list[float]], theirs: list[list[float]]) -> tuple[fl
     return statistics.median(ratio for row in ratios for ratio in row), [statistics.median(row) for row in ratios]
 
 
+#: ``benchmarks/bench_load.py``'s policies whose verify lengths read nothing of the step: DSpark is measured against the best of them.
+STATIC_POLICIES = ("plain", "mtp1", "fixed_gamma", "threshold")
+
+
+def paired_vs_best_static(entries: dict, name: str = "dspark") -> float:
+    """Policy ``name``'s tokens/s over the best static policy's (``STATIC_POLICIES``; the best is the one with the
+    highest ``paired_vs_plain``), batch by batch: ``paired_ratio`` of their ``round_batch_tokens_per_s``. Where a
+    report's ``paired_vs_best_static`` divides two medians, each taken on its own median batch, this pairs every batch."""
+    best = max((static for static in STATIC_POLICIES if static in entries), key=lambda static: entries[static]["paired_vs_plain"])
+    return paired_ratio(entries[name]["round_batch_tokens_per_s"], entries[best]["round_batch_tokens_per_s"])[0]
+
+
 def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     """One drafter's part of a ``benchmarks/bench_load.py`` report as an RST table, a row per concurrency c: each
     policy's speed over plain decoding, then DSpark's over the best static policy and over the vLLM rule, its ratio
@@ -121,7 +136,9 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     where the report holds the A/A control ``plain_again``, that control's ratio in each round, then DSpark's τ, its
     mean verify length ℓ and, where the report keeps it, the share of its rows' steps the drafter was asked for. A
     cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where the report has none. ``prefix``
-    ``"decode_"`` gives the ratios of decoding alone, ``"paired_"`` the medians of per-batch ratios (``paired_ratio``)."""
+    ``"decode_"`` gives the ratios of decoding alone, ``"paired_"`` the medians of per-batch ratios (``paired_ratio``),
+    with DSpark's over the best static policy both as the report's ratio of two medians and, where the report keeps
+    every batch, paired batch by batch (``paired_vs_best_static``)."""
     if prefix not in ("", "decode_", "paired_"):
         raise ValueError(f"prefix must be '', 'decode_' or 'paired_', got {prefix!r}")
     by_mode = report["results"].get(drafter)
@@ -145,6 +162,8 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     columns = {_POLICY_TITLES.get(name, name): (lambda entries, name=name: f"{entries[name][prefix + 'vs_plain']:.2f}") for name in policies}
     if "dspark" in measured:
         columns["DSpark/best"] = lambda entries: f"{entries['dspark'][prefix + 'vs_best_static']:.2f}"
+        if prefix == "paired_" and any("round_batch_tokens_per_s" in entries.get("dspark", {}) for entries in settings):
+            columns["DSpark/best by batch"] = lambda entries: f"{paired_vs_best_static(entries):.2f}"
         if "vllm_rule" in measured:
             columns["DSpark/vLLM"] = lambda entries: f"{entries['dspark'][prefix + 'vs_plain'] / entries['vllm_rule'][prefix + 'vs_plain']:.2f}"
         if any(prefix + "vs_plain_rounds" in entries.get("dspark", {}) for entries in settings):

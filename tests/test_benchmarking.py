@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark.benchmarking import across_categories, first_difference, generated_tokens, load_table, paired_ratio, run_strategy, write_json
+from dspark.benchmarking import (
+    across_categories, first_difference, generated_tokens, load_table, paired_ratio, paired_vs_best_static, run_strategy, write_json,
+)
 from dspark.drafters import PromptLookupDrafter
 from dspark.strategies import autoregressive
 from tests.conftest import left_padded_batch
@@ -132,6 +134,21 @@ def test_load_table_reads_the_paired_medians():
     """With the paired_ prefix every ratio column, the rounds included, reads the medians of per-batch ratios; τ and ℓ stay."""
     row = _cells(load_table(_load_report(), "shipped", "paired_").splitlines()[3])
     assert row == ["1", "1.00 / 1.10", "0.55 / 0.65", "0.79 / 0.89", "0.26 / 0.29", "1.44 / 1.37", "0.77, 0.81 / 0.77, 0.81", "1.30 / 1.40", "1.20 / 1.30"]
+
+
+def test_paired_table_pairs_dspark_with_the_best_static_policy_batch_by_batch():
+    """Where a report keeps every batch, the paired table adds DSpark over the best static policy (by paired_vs_plain) batch by batch."""
+    report = _load_report()
+    assert "DSpark/best by batch" not in load_table(report, "shipped", "paired_")
+    entries = report["results"]["shipped"]["greedy"]["1"]
+    entries["plain"]["round_batch_tokens_per_s"] = [[10.0, 10.0, 10.0], [10.0, 10.0, 10.0]]
+    entries["mtp1"]["round_batch_tokens_per_s"] = [[10.0, 20.0, 40.0], [10.0, 20.0, 40.0]]
+    entries["dspark"]["round_batch_tokens_per_s"] = [[9.0, 22.0, 40.0], [11.0, 18.0, 44.0]]  # ratios 0.9, 1.1, 1, 1.1, 0.9, 1.1
+    assert paired_vs_best_static(entries) == pytest.approx(1.05)
+    lines = load_table(report, "shipped", "paired_").splitlines()
+    column = _cells(lines[1]).index("DSpark/best by batch")
+    assert _cells(lines[3])[column] == "1.05 / –" and _cells(lines[4])[column] == "– / –"
+    assert "DSpark/best by batch" not in load_table(report, "shipped")
 
 
 def test_paired_ratio_is_the_median_of_per_batch_ratios():
