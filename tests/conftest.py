@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,14 @@ ARCHITECTURES = {
     "falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=2048)),
     "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=32, n_layer=2, n_head=4)),
 }
+
+
+def load_script(name: str):
+    """``benchmarks/<name>.py`` imported as a module, for testing a script's functions."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_model(name: str, seed: int = 0, vocab_size: int = VOCAB, **overrides) -> torch.nn.Module:

@@ -1,21 +1,16 @@
 """The bundle for a lent GPU machine in benchmarks/gpu_prepare.py: parts that fit a call, and their round trip."""
 
-import importlib.util
 import zipfile
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_prepare.py"
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def gpu_prepare():
     """The script, imported as a module."""
-    spec = importlib.util.spec_from_file_location("gpu_prepare", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_prepare")
 
 
 def test_part_sizes_fill_each_part_but_the_last(gpu_prepare):

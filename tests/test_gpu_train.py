@@ -1,27 +1,20 @@
 """The one-shot GPU recipe in benchmarks/gpu_train.py: its budget arithmetic and a run on a tiny target."""
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from dspark.drafters import SemiARDrafter
 from dspark.training.data import training_prompts
 from dspark.training.regeneration import read_sequences
-from tests.conftest import build_model, tiny_data_dir, word_tokenizer
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_train.py"
+from tests.conftest import build_model, load_script, tiny_data_dir, word_tokenizer
 
 
 @pytest.fixture(scope="module")
 def gpu_train():
     """The script, imported as a module."""
-    spec = importlib.util.spec_from_file_location("gpu_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_train")
 
 
 def test_budget_plan_splits_the_time_left_after_the_reserve(gpu_train):
