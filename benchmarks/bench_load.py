@@ -76,10 +76,9 @@ from dspark.verify import CalibrationFile, GoodputFallback, HardwareAwareSchedul
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-STATIC = STATIC_POLICIES
 #: ``plain_again`` is plain decoding timed a second time, as a policy of its own: its ratio to plain decoding, which
 #: ought to be 1, is what the machine's noise alone makes of two runs of one policy (an A/A control).
-POLICIES = (*STATIC, "plain_again", "vllm_rule", "dspark", "dspark_candidates", "dspark_static", "dspark_look_ahead", "dspark_shallow")
+POLICIES = (*STATIC_POLICIES, "plain_again", "vllm_rule", "dspark", "dspark_candidates", "dspark_static", "dspark_look_ahead", "dspark_shallow")
 DRAFTERS = ("shipped", "prompt_lookup")
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
@@ -356,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
                     if mode == "greedy":
                         report["mismatches"] += [{"drafter": drafter_name, "c": c, "policy": name} for name in tokens if tokens[name] != tokens["plain"]]
                     plain = entries["plain"]["aggregate_tokens_per_s"]
-                    static = [name for name in STATIC if name in entries]
+                    static = [name for name in STATIC_POLICIES if name in entries]
                     best_static = max(entries[name]["aggregate_tokens_per_s"] for name in static)
                     plain_decode = entries["plain"]["decode_tokens_per_s"]
                     best_static_decode = max(entries[name]["decode_tokens_per_s"] for name in static)

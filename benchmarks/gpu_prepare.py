@@ -105,16 +105,16 @@ def unpack(parts_dir: Path, destination: Path) -> Path:
     machine went back between calls, so start again from the first call."""
     parts = sorted(parts_dir.glob("bundle.[0-9][0-9]"))
     expected = (parts_dir / "bundle.sha256").read_text().split()[0]
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part.read_bytes())
-    if digest.hexdigest() != expected:
-        raise ValueError(f"the parts in {str(parts_dir)!r} ({[part.name for part in parts]}) do not match bundle.sha256: some part is missing or stale")
     destination.mkdir(parents=True, exist_ok=True)
-    archive = destination / "bundle.tar"
-    with archive.open("wb") as joined:
+    archive, digest = destination / "bundle.tar", hashlib.sha256()
+    with archive.open("wb") as joined:  # joined and checked in one pass over the parts
         for part in parts:
-            joined.write(part.read_bytes())
+            chunk = part.read_bytes()
+            digest.update(chunk)
+            joined.write(chunk)
+    if digest.hexdigest() != expected:
+        archive.unlink()
+        raise ValueError(f"the parts in {str(parts_dir)!r} ({[part.name for part in parts]}) do not match bundle.sha256: some part is missing or stale")
     with tarfile.open(archive) as tar:
         tar.extractall(destination, filter="data")
     archive.unlink()
