@@ -592,17 +592,61 @@ def test_a_row_verified_one_token_deep_is_drafted_to_the_cheaper_wider_step(reac
     assert run.draft_rows(rows).tolist() == [depth]
 
 
+@pytest.mark.parametrize(("verify_lengths", "depth"), [([1] * 12 + [2], 1), ([1] * 11 + [2, 2], 2), ([2], 2)])
+def test_one_deeper_verification_in_a_smoothed_verify_length_does_not_deepen_the_draft(verify_lengths, depth):
+    """At α = 0.1, λ_r 1.1 after twelve one-token steps and one two-token step drafts one deep (within the tolerance α);
+    two two-token steps in a row (λ_r 1.19) draft two deep, and so does a first step of two (λ_r 2)."""
+    costs = DepthCosts(per_depth=0.01)
+    run = GoodputFallback(probe_after=64, reach_cheaper_widths=False).start(start(1), costs)
+    rows = torch.tensor([0])
+    for verify_length in verify_lengths:
+        run.draft_rows(rows)
+        run.observe(record([0], [True], [verify_length], [verify_length], survival=torch.full((1, 4), 0.9)))
+    assert run.depth([0]) == [depth]
+
+
 def test_the_realised_ratio_is_accepted_over_expected_with_pseudo_tokens_and_a_discount():
-    """ρ starts at 1, is (accepted + 8) / (expected + 8) over the drafted rows, discounts older steps by its
+    """ρ starts at 1, is (accepted + 16) / (expected + 16) over the drafted rows, discounts older steps by its
     discount (0.98 here) and ignores updates without accepted counts."""
     prior = GainPrior(realised_discount=0.98)
     assert prior.realised_ratio("greedy") == 1.0
     prior.update("greedy", 2, torch.tensor([2.0, 2.0]), torch.tensor([2, 2]), torch.tensor([1, 0]))
-    assert prior.realised_ratio("greedy") == pytest.approx(9 / 12)
+    assert prior.realised_ratio("greedy") == pytest.approx(17 / 20)
     prior.update("greedy", 2, torch.tensor([1.0]), torch.tensor([1]), torch.tensor([1]))
     prior.update("greedy", 2, torch.tensor([5.0]), torch.tensor([1]))
-    assert prior.realised_ratio("greedy") == pytest.approx((0.98 * 1 + 1 + 8) / (0.98 * 4 + 1 + 8))
+    assert prior.realised_ratio("greedy") == pytest.approx((0.98 * 1 + 1 + 16) / (0.98 * 4 + 1 + 16))
     assert prior.realised_ratio("sampling") == 1.0
+
+
+def test_the_realised_ratio_ages_towards_one_over_steps_that_draft_nothing():
+    """Ageing by k steps discounts ρ's sums by discount^k without counting as an update: 3 accepted of 13 expected
+    gives (3 + 16) / (13 + 16) = 0.66, and 300 steps at 0.99 later ρ is back above 0.95; an unknown band stays at 1."""
+    prior = GainPrior(realised_discount=0.99)
+    prior.update("sampling", 1, torch.tensor([13.0]), torch.tensor([1]), torch.tensor([3]))
+    version = prior.version
+    assert prior.realised_ratio("sampling") == pytest.approx(19 / 29)
+    prior.age("sampling", 300)
+    factor = 0.99 ** 300
+    assert prior.realised_ratio("sampling") == pytest.approx((3 * factor + 16) / (13 * factor + 16))
+    assert 0.95 < prior.realised_ratio("sampling") < 1.0 and prior.version == version
+    prior.age("greedy", 5)
+    assert prior.realised_ratio("greedy") == 1.0
+
+
+def test_steps_and_generations_that_draft_nothing_age_the_realised_ratio():
+    """A step that drafts for no row ages ρ's sums by one step, and a one-row generation run as plain decoding (its
+    drafting priced far above any gain, with enough evidence for the ceiling to keep probes out) by its 64 steps."""
+    prior = GainPrior(realised_discount=0.9)
+    for _ in range(8):
+        prior.update("greedy", 1, torch.tensor([1.0], dtype=torch.float64), torch.tensor([1]), torch.tensor([0]))
+    run = GoodputFallback(prior=prior).start(start(1), Costs(draft_row=0.3))
+    before = prior.realised["greedy"]
+    run.observe(record([0], [False], [0], [0]))
+    assert prior.realised["greedy"] == pytest.approx(tuple(0.9 * value for value in before))
+    before = prior.realised["greedy"]
+    plain = GoodputFallback(prior=prior).start(start(1), Costs(draft_row=100.0))
+    assert not plain.drafts
+    assert prior.realised["greedy"] == pytest.approx(tuple(0.9 ** 64 * value for value in before))
 
 
 def test_the_priors_gain_is_the_mean_of_its_first_steps_then_smoothed():
@@ -621,11 +665,11 @@ def test_the_priors_gain_is_the_mean_of_its_first_steps_then_smoothed():
 
 @pytest.mark.parametrize(("memory", "drafted"), [((0.05, 0.98), False), (None, True)])
 def test_one_prompt_that_accepts_nothing_does_not_price_the_next_prompts_rows_out(memory, drafted):
-    """After 150 drafted steps that accepted the 0.5 a step predicted, then 40 that accepted none of it, a new row
+    """After 150 drafted steps that accepted the 0.5 a step predicted, then 60 that accepted none of it, a new row
     (first probed, then predicted 0.5 again) is drafted at its second step (D = 0.3, T = 1) with the default
-    memory (ρ over about 200 steps: 0.73), and skipped with ρ over about 50 steps (0.57)."""
+    memory (ρ over about 200 steps: 0.68), and skipped with ρ over about 50 steps (0.56)."""
     prior = GainPrior() if memory is None else GainPrior(smoothing=memory[0], realised_discount=memory[1])
-    for step in range(190):
+    for step in range(210):
         prior.update("greedy", 1, torch.tensor([0.5], dtype=torch.float64), torch.tensor([1]), torch.tensor([step % 2 if step < 150 else 0]))
     run = GoodputFallback(prior=prior).start(start(1), Costs(draft_row=0.3))
     rows = torch.tensor([0])
@@ -644,7 +688,8 @@ def test_the_prior_refuses_a_memory_outside_its_range(argument, value):
 
 def test_a_row_whose_drafts_yield_less_than_predicted_stops_being_drafted_and_is_still_probed():
     """A row predicted to gain 0.5 a step (survival 0.5) that never has a token accepted is drafted while
-    ρ·0.5 pays for D = 0.3, then skipped; the probe ceiling is not scaled by ρ, so it is still re-probed."""
+    ρ·0.5 pays for D = 0.3 (ρ = 16 / (16 + 0.5·n) after n such steps: about 22), then skipped; the probe ceiling is not
+    scaled by ρ, so it is still re-probed."""
     fallback = GoodputFallback(smoothing=1.0, probe_after=4, max_probe_interval=4)
     run = fallback.start(start(1), Costs(draft_row=0.3))
     rows = torch.tensor([0])
@@ -654,7 +699,7 @@ def test_a_row_whose_drafts_yield_less_than_predicted_stops_being_drafted_and_is
         verify = 1 if drafted[-1] else 0
         run.observe(record([0], [drafted[-1]], [verify], [0], survival=torch.full((1, 4), 0.5)))
     first_skip = drafted.index(False)
-    assert 5 <= first_skip <= 20 and fallback.prior.realised_ratio("greedy") * 0.5 < 0.3
+    assert 20 <= first_skip <= 30 and fallback.prior.realised_ratio("greedy") * 0.5 < 0.3
     assert drafted[first_skip : first_skip + 5] == [False] * 4 + [True]
 
 

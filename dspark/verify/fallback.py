@@ -255,8 +255,10 @@ def _size_bucket(rows: int) -> int:
 _PROBE_BUDGET = 0.005
 #: Drafted rows a batch size and band must have seen before a ceiling that does not pay keeps probes out.
 _CEILING_EVIDENCE = 8
-#: ρ = (accepted + this) / (expected + this): until some tokens were drafted, ρ stays near 1.
-_REALISED_PSEUDO_TOKENS = 8.0
+#: ρ = (accepted + this) / (expected + this): until some tokens were drafted, ρ stays near 1. Sixteen, because at one
+#: row and temperature 1 a generation's drafted steps expect about 13 tokens and each is accepted or not (a binomial
+#: spread of about 3): with 8, one generation that accepted 5 of 13 took ρ from 1 to 0.6–0.76 (a probe, not kept).
+_REALISED_PSEUDO_TOKENS = 16.0
 #: The catch-up rate is the lower median of the rates of this many latest passes that read unread columns.
 _CATCH_UP_WINDOW = 15
 
@@ -346,6 +348,15 @@ class GainPrior:
         """Keep ``seconds`` per row and unread column (what a pass took over its steady cost) among the latest rates."""
         self.catch_up_rates.append(seconds)
         self.version += 1
+
+    def age(self, band: str, steps: int = 1) -> None:
+        """Discount ρ's sums in ``band`` as ``steps`` steps that drafted for no row: evidence ages whether or not a
+        step drafts, so a ρ that kept rows out drifts back towards 1, what the calibration claims, instead of
+        standing wherever the last drafted steps left it. Not counted as an update (``version``): a standing
+        choice not to draft is revisited at the next probe or generation, not at every step."""
+        if band in self.realised:
+            factor = self.realised_discount ** steps
+            self.realised[band] = tuple(factor * value for value in self.realised[band])
 
     def realised_ratio(self, band: str) -> float:
         """ρ in this band: (accepted + 8) / (expected + 8) over the discounted sums of drafted rows (1 before any)."""
@@ -502,6 +513,8 @@ class GoodputFallbackRun:
         self._probed_generation = self.fallback.prior.idle_generation(
             self.band, batch, self.fallback.generation_probe_after, self.fallback.max_generation_probe_interval
         )
+        if not self._probed_generation:  # plain decoding: at most steps_left steps, none of which drafts
+            self.fallback.prior.age(self.band, self.steps_left)
         return self._probed_generation
 
     def predicted_gain(self, rows: list[int], chosen: list[bool], depths: list[int]) -> float:
@@ -669,9 +682,15 @@ class GoodputFallbackRun:
         whole_block = [gamma] * len(rows)
         if margin is None:
             return whole_block
+        # ⌈λ_r⌉ up to a tolerance of α (at most ½): one deeper verification raises λ_r by the newest step's weight, at
+        # least α, and fades by (1 − α) a step, so without it one ℓ = 2 at α = 0.1 drafted two deep for the ~200 steps
+        # its excess takes to fall below a rounding error (a generation of 45 steps drafted two deep on 40 of them
+        # and verified two tokens on 2, at 0.45 ms a deeper pass: a probe, not kept). Two deeper steps close together
+        # still clear it.
+        tolerance = min(self.fallback.smoothing, 0.5) + 1e-9
         depths = [
             # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
-            min(max(math.ceil(self.verify[row] - 1e-9) + (margin if self.own_steps[row] % self.fallback.probe_after == 0 else 0), 1), gamma)
+            min(max(math.ceil(self.verify[row] - tolerance) + (margin if self.own_steps[row] % self.fallback.probe_after == 0 else 0), 1), gamma)
             if self.observed[row] else gamma
             for row in rows
         ]
@@ -721,6 +740,7 @@ class GoodputFallbackRun:
         if not any(drafted):
             self.idle_seconds = record.draft_seconds if self.idle_seconds is None else min(self.idle_seconds, record.draft_seconds)
             self.skipped_steps += 1
+            self.fallback.prior.age(self.band)
             for row in rows:
                 self.skipped[row] += 1
             return
