@@ -44,7 +44,10 @@ fitted offline and refitted online per sampling band, ``dspark.verify.online_est
 Every greedy output is checked against plain decoding's; sampled outputs are lossless by the
 sampling law tests. Sampled runs ignore EOS, so that every policy generates the same number of tokens
 (each draws different tokens, and rows ending early would make tokens per second compare different
-amounts of work).
+amounts of work). They draw from a generator seeded by the round: in a round every policy starts from the same
+seed, and each round draws anew, so that more rounds average the sampling's own spread. With one seed for every
+round a policy that learns nothing (MTP-1) drew the very same tokens in every round, and its τ was one draw
+however many rounds ran (1.29 in two grids a week apart, where other seeds gave it 1.25–1.27: a probe, not kept).
 
     python benchmarks/bench_load.py --concurrency 1,4,16 --modes greedy --max-new-tokens 48 --rows 4
 """
@@ -147,10 +150,10 @@ def _policies(target, drafter, make_confidence, gamma, names) -> dict:
     return {name: builders[name]() for name in names}
 
 
-def _timed(model, batch, sampling, max_new_tokens) -> tuple[float, float, object]:
-    """One generation of ``batch``: (wall seconds, prompt processing included; decoding seconds, the steps
-    alone from the step records; the result)."""
-    generator = torch.Generator().manual_seed(0)
+def _timed(model, batch, sampling, max_new_tokens, seed: int = 0) -> tuple[float, float, object]:
+    """One generation of ``batch``, sampling (if it samples) from a generator seeded with ``seed``: (wall seconds,
+    prompt processing included; decoding seconds, the steps alone from the step records; the result)."""
+    generator = torch.Generator().manual_seed(seed)
     # Sampled runs ignore EOS: each policy draws other tokens, so rows would end at other lengths and
     # tokens per second would compare different amounts of work. Greedy outputs are equal anyway.
     ignore_eos = {"eos_token_id": []} if sampling.get("do_sample") else {}
@@ -220,7 +223,7 @@ def _run_setting(
             # each policy's predecessor wherever it does not run first).
             order = random.Random(round_index * len(batches) + batch_index).sample(names, len(names))
             for name in order:
-                timed[name].append(_timed(models[name], batch, sampling, max_new_tokens))
+                timed[name].append(_timed(models[name], batch, sampling, max_new_tokens, seed=round_index))
         for name, runs in timed.items():
             walls, decodes, results = zip(*runs)
             rates = [result.stats.new_tokens / wall for wall, result in zip(walls, results)]

@@ -18,7 +18,9 @@ estimate that has just fallen below what drafting costs overstates how far: the 
 towards what rows like it gain, so a choice on the raw g_r skips steps whose drafting pays, most where
 the average row is near break-even (batch 1); where drafting pays for no row (under load, ḡ near 0)
 the pull only keeps rows out sooner; ρ the realised ratio, accepted tokens over their expected
-count Σ a over the drafted rows of about the last 200 drafting steps (``GainPrior.realised_ratio``), which scales every g_r when the
+count Σ a over the drafted rows of about the last 200 steps, drafted or not (``GainPrior.realised_ratio``; a step or a
+plain generation that drafts nothing ages the sums, ``GainPrior.age``, so a ρ that kept rows out drifts back towards 1,
+where it would otherwise stand for as long as it keeps them out), which scales every g_r when the
 choice is made: the scheduler verifies the prefixes the estimator rates highest, and a calibration
 fitted on other prompts can overstate what exactly those yield, by a steady factor, while a drafting
 decision is taken on the margin (ρ does not scale the probe ceiling below: a probe is what measures
@@ -274,8 +276,8 @@ class GainPrior:
 
     ``smoothing``: the weight of each step's drafted rows in g and λ (their mean over the first 1/``smoothing``
     steps at a batch size and band, then exponential smoothing); ``realised_discount``: what ρ's sums are
-    multiplied by before each drafting step joins them. Both are slow, g over about 100 drafting steps and
-    ρ over about 200: at batch 1 these are two to four generations, so that they say what rows like a new
+    multiplied by before each drafting step joins them, and by each step that drafts nothing (``age``). Both are
+    slow, g over about 100 drafting steps and ρ over about 200 steps: at batch 1 these are two to four generations, so that they say what rows like a new
     one gain rather than how the last prompt ended. With g over 20 steps and ρ over 50, one prompt where the
     drafter did poorly left the next prompts' rows inheriting an estimate below break-even; skipped, those
     rows barely updated it, and later generations drafted on few of their steps."""
