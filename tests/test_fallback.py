@@ -605,6 +605,19 @@ def test_one_deeper_verification_in_a_smoothed_verify_length_does_not_deepen_the
     assert run.depth([0]) == [depth]
 
 
+def test_the_margins_exploring_steps_do_not_price_a_row_out():
+    """A row gaining 0.15 a step pays for a one-deep pass (0.1 of a step) but not a two-deep one (0.2): it is drafted on
+    every step, two deep on each fourth (the margin explores), because the choice prices the depth without the margin."""
+    costs = DepthCosts(per_depth=0.1)
+    run = GoodputFallback(smoothing=1.0, prior_weight=0.0, probe_after=4, reach_cheaper_widths=False).start(start(1), costs)
+    rows = torch.tensor([0])
+    depths = []
+    for _ in range(9):
+        depths.append(int(run.draft_rows(rows)[0]))
+        run.observe(record([0], [depths[-1] > 0], [1], [0], survival=torch.tensor([[0.15, 0.0, 0.0, 0.0]])))
+    assert depths == [4, 1, 1, 1, 2, 1, 1, 1, 2]
+
+
 def test_the_realised_ratio_is_accepted_over_expected_with_pseudo_tokens_and_a_discount():
     """ρ starts at 1, is (accepted + 16) / (expected + 16) over the drafted rows, discounts older steps by its
     discount (0.98 here) and ignores updates without accepted counts."""

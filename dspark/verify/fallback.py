@@ -34,7 +34,8 @@ towards theirs (a row whose first step verified two tokens, on a CPU where a thi
 second, was priced two wide with a gain shrunk to one token's, and drafted on a third of the steps of a prompt
 where MTP-1 ran 1.44× plain decoding: a probe, not kept);
 D(k) the seconds that drafting k rows adds to a step, the cost model's ``draft_time(k, depth)`` at the depth the
-rows would be drafted (the deepest of the candidates: one pass drafts every chosen row that deep), less what a
+rows would be drafted (the deepest of the candidates: one pass drafts every chosen row that deep), the margin's
+exploring depth left out (``GoodputFallbackRun.priced_depths``: exploration is for later steps, not this one's decision), less what a
 step that drafts for no row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
 its books), the least the run has measured on such steps (the least, because the first such step also
 reads the whole prompt's features), plus the catch-up: a drafter that reads target features lazily reads
@@ -509,7 +510,7 @@ class GoodputFallbackRun:
         rows = list(range(batch))
         chosen, probes, depths = self._choice(rows, starting=True)
         min_gain = self.fallback.generation_min_gain if batch > 1 else 0.0  # module docstring: what the margin prices
-        if any(probes) or (any(chosen) and self.predicted_gain(rows, chosen, depths) >= min_gain):
+        if any(probes) or (any(chosen) and self.predicted_gain(rows, chosen, self.priced_depths(rows, depths)) >= min_gain):
             self.fallback.prior.drafting_generation(self.band, batch)
             return True
         self._probed_generation = self.fallback.prior.idle_generation(
@@ -643,7 +644,7 @@ class GoodputFallbackRun:
             # alone decides what to verify.
             chosen = [True] * len(rows)
         elif any(observed):
-            picked = self.fallback.choose(*self._goodput_problem(rows, observed, depths))
+            picked = self.fallback.choose(*self._goodput_problem(rows, observed, self.priced_depths(rows, depths)))
             if not isinstance(picked, torch.Tensor) or tuple(picked.shape) != (sum(observed),):
                 raise TypeError(f"{type(self.fallback).__name__}.choose must return a BoolTensor[{sum(observed)}], got {picked!r}")
             picked = iter(picked.tolist())
@@ -675,8 +676,22 @@ class GoodputFallbackRun:
         skipped, the count of its drafted steps."""
         return self.evidence[row] * (1 - self.fallback.smoothing) ** self.skipped[row]
 
-    def depth(self, rows: list[int]) -> list[int]:
-        """How many tokens to draft for each of ``rows`` if drafted (``depth_margin``): γ for every row where a whole
+    def priced_depths(self, rows: list[int], depths: list[int]) -> list[int]:
+        """The depths the choice prices ``rows`` at: ``depths`` (``depth``'s) without the margin's exploration. The margin
+        explores for the row's later steps; priced, its deeper pass tipped rows near break-even out on exactly their
+        exploring steps, and a skipped row stays on such a step until its probe (at one row and temperature 1, rows
+        drafted for seven steps in eight skipped 8–16 steps at each eighth: a probe, not kept)."""
+        if not any(self._explores(row) for row in rows):
+            return depths
+        return self.depth(rows, explore=False)
+
+    def _explores(self, row: int) -> bool:
+        """Whether row ``row``'s next drafted step is one that the margin deepens (one of every ``probe_after``)."""
+        return self.observed[row] and self.own_steps[row] % self.fallback.probe_after == 0
+
+    def depth(self, rows: list[int], explore: bool = True) -> list[int]:
+        """How many tokens to draft for each of ``rows`` if drafted (``depth_margin``, on the rows' exploring steps
+        unless ``explore`` is False): γ for every row where a whole
         block costs at most ``_PROBE_BUDGET`` of a one-token step more than the shallowest depth (savings that small
         are not worth cutting a long match short); else deepened to where a wider step is no dearer
         (``reach_cheaper_widths``, ``reach_depth``)."""
@@ -692,7 +707,7 @@ class GoodputFallbackRun:
         tolerance = min(self.fallback.smoothing, 0.5) + 1e-9
         depths = [
             # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
-            min(max(math.ceil(self.verify[row] - tolerance) + (margin if self.own_steps[row] % self.fallback.probe_after == 0 else 0), 1), gamma)
+            min(max(math.ceil(self.verify[row] - tolerance) + (margin if explore and self._explores(row) else 0), 1), gamma)
             if self.observed[row] else gamma
             for row in rows
         ]
