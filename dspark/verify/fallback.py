@@ -81,8 +81,9 @@ probed there (when a probe could pay, below), and its first own outcome replaces
 drafter gains depends on the prompt (code against chat), so an estimate inherited from other prompts would
 otherwise keep a row out for a whole wait, and a later probe would only nudge the inherited estimate.
 
-A drafted row is drafted ⌈λ_r⌉ tokens deep, and ⌈λ_r⌉ + ``depth_margin`` on one of every ``probe_after``
-of its drafted steps (``GoodputFallbackRun.depth``): the run answers with per-row depths, and the loop
+A drafted row is drafted ⌈λ_r⌉ tokens deep (within a tolerance of α), and ⌈λ_r⌉ + ``depth_margin`` on one of every ``probe_after``
+of its drafted steps (``GoodputFallbackRun.depth``; the choice to draft it prices the depth without that exploring
+token, ``priced_depths``): the run answers with per-row depths, and the loop
 asks the drafter for no more than the deepest, so a scheduler that verifies one token a step does not
 pay for drafting γ. The margin explores: a step whose scheduler verifies the deeper token raises λ_r,
 and the row is drafted deeper from then on, while a margin on every step paid, on every step, for a
