@@ -47,7 +47,8 @@ sampling law tests. Sampled runs ignore EOS, so that every policy generates the 
 amounts of work). They draw from a generator seeded by the round: in a round every policy starts from the same
 seed, and each round draws anew, so that more rounds average the sampling's own spread. With one seed for every
 round a policy that learns nothing (MTP-1) drew the very same tokens in every round, and its τ was one draw
-however many rounds ran (1.29 in two grids a week apart, where other seeds gave it 1.25–1.27: a probe, not kept).
+however many rounds ran (1.29 at c = 1 and temperature 1 in the grid at ``c14d557`` and again at ``4076088``, where
+other seeds on ten prompts gave it 1.25–1.27: probes, not kept).
 
     python benchmarks/bench_load.py --concurrency 1,4,16 --modes greedy --max-new-tokens 48 --rows 4
 """

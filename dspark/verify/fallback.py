@@ -363,7 +363,7 @@ class GainPrior:
             self.realised[band] = tuple(factor * value for value in self.realised[band])
 
     def realised_ratio(self, band: str) -> float:
-        """ρ in this band: (accepted + 8) / (expected + 8) over the discounted sums of drafted rows (1 before any)."""
+        """ρ in this band: (accepted + 16) / (expected + 16) over the discounted sums of drafted rows (1 before any)."""
         accepted, expected = self.realised.get(band, (0.0, 0.0))
         return (accepted + _REALISED_PSEUDO_TOKENS) / (expected + _REALISED_PSEUDO_TOKENS)
 
@@ -702,8 +702,8 @@ class GoodputFallbackRun:
             return whole_block
         # ⌈λ_r⌉ up to a tolerance of α (at most ½): one deeper verification raises λ_r by the newest step's weight, at
         # least α, and fades by (1 − α) a step, so without it one ℓ = 2 at α = 0.1 drafted two deep for the ~200 steps
-        # its excess takes to fall below a rounding error (a generation of 45 steps drafted two deep on 40 of them
-        # and verified two tokens on 2, at 0.45 ms a deeper pass: a probe, not kept). Two deeper steps close together
+        # its excess takes to fall below a rounding error (a generation of 49 steps drafted two or three deep on 41 of
+        # them and verified two tokens on 2, at 0.45 ms or more a deeper pass: a probe, not kept). Two deeper steps close together
         # still clear it.
         tolerance = min(self.fallback.smoothing, 0.5) + 1e-9
         depths = [
