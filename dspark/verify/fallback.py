@@ -35,7 +35,7 @@ second, was priced two wide with a gain shrunk to one token's, and drafted on a 
 where MTP-1 ran 1.44× plain decoding: a probe, not kept);
 D(k) the seconds that drafting k rows adds to a step, the cost model's ``draft_time(k, depth)`` at the depth the
 rows would be drafted (the deepest of the candidates: one pass drafts every chosen row that deep), the margin's
-exploring depth left out (``GoodputFallbackRun.priced_depths``: exploration is for later steps, not this one's decision), less what a
+exploring depth left out (``GoodputFallbackRun.depths``: exploration is for later steps, not this one's decision), less what a
 step that drafts for no row still spends outside the target forward (a stateful drafter reads the features, the loop keeps
 its books), the least the run has measured on such steps (the least, because the first such step also
 reads the whole prompt's features), plus the catch-up: a drafter that reads target features lazily reads
@@ -83,7 +83,7 @@ otherwise keep a row out for a whole wait, and a later probe would only nudge th
 
 A drafted row is drafted ⌈λ_r⌉ tokens deep (within a tolerance of α), and ⌈λ_r⌉ + ``depth_margin`` on one of every ``probe_after``
 of its drafted steps (``GoodputFallbackRun.depth``; the choice to draft it prices the depth without that exploring
-token, ``priced_depths``): the run answers with per-row depths, and the loop
+token, ``GoodputFallbackRun.depths``): the run answers with per-row depths, and the loop
 asks the drafter for no more than the deepest, so a scheduler that verifies one token a step does not
 pay for drafting γ. The margin explores: a step whose scheduler verifies the deeper token raises λ_r,
 and the row is drafted deeper from then on, while a margin on every step paid, on every step, for a
@@ -509,9 +509,9 @@ class GoodputFallbackRun:
         it is the prior's turn to probe a batch of this size and band (``GainPrior.idle_generation``); module
         docstring."""
         rows = list(range(batch))
-        chosen, probes, depths = self._choice(rows, starting=True)
+        chosen, probes, _, priced = self._choice(rows, starting=True)
         min_gain = self.fallback.generation_min_gain if batch > 1 else 0.0  # module docstring: what the margin prices
-        if any(probes) or (any(chosen) and self.predicted_gain(rows, chosen, self.priced_depths(rows, depths)) >= min_gain):
+        if any(probes) or (any(chosen) and self.predicted_gain(rows, chosen, priced) >= min_gain):
             self.fallback.prior.drafting_generation(self.band, batch)
             return True
         self._probed_generation = self.fallback.prior.idle_generation(
@@ -612,7 +612,7 @@ class GoodputFallbackRun:
         rows = rows.tolist()
         if self._choice_key(rows) == self._idle_key:
             return torch.zeros(len(rows), dtype=torch.long)
-        chosen, probes, depths = self._choice(rows)
+        chosen, probes, depths, _ = self._choice(rows)
         cap = self.probe_interval_cap(len(rows), max(max(depths), 1))
         for row, is_chosen, is_probe in zip(rows, chosen, probes):
             if is_chosen:  # a row back in starts over
@@ -626,9 +626,10 @@ class GoodputFallbackRun:
         self._idle_key = None if any(drafting) else self._choice_key(rows)
         return torch.tensor([depth if drafts else 0 for depth, drafts in zip(depths, drafting)], dtype=torch.long)
 
-    def _choice(self, rows: list[int], starting: bool = False) -> tuple[list[bool], list[bool], list[int]]:
-        """(chosen, probes, depths) for ``rows``: the rows in the best predicted set, the rows to probe (never observed,
-        or due and a probe could pay, or due at all in a probed generation's first step), and every row's ``depth``.
+    def _choice(self, rows: list[int], starting: bool = False) -> tuple[list[bool], list[bool], list[int], list[int]]:
+        """(chosen, probes, depths, priced) for ``rows``: the rows in the best predicted set (priced at ``priced``), the
+        rows to probe (never observed, or due and a probe could pay, or due at all in a probed generation's first step),
+        and every row's depths, drafted and priced (``depths``).
         Rows new to the run take the prior's estimate first, the only change it makes. ``starting``: the generation's
         first choice, which judges its probes by the ceiling alone (module docstring)."""
         prior = self.fallback.prior.get(self.band, len(rows))
@@ -638,14 +639,14 @@ class GoodputFallbackRun:
                     self.gain[row], self.verify[row], self.observed[row] = prior[0], prior[1], True
         observed = [self.observed[row] for row in rows]
         chosen = [False] * len(rows)
-        depths = self.depth(rows)
+        depths, priced = self.depths(rows)
         deepest = max(max(depths), 1)  # a cost model prices depths >= 1
         if self._drafting_is_free(len(rows)):
             # Skipping would only stop the row from being measured, so every row is drafted for and the scheduler
             # alone decides what to verify.
             chosen = [True] * len(rows)
         elif any(observed):
-            picked = self.fallback.choose(*self._goodput_problem(rows, observed, self.priced_depths(rows, depths)))
+            picked = self.fallback.choose(*self._goodput_problem(rows, observed, priced))
             if not isinstance(picked, torch.Tensor) or tuple(picked.shape) != (sum(observed),):
                 raise TypeError(f"{type(self.fallback).__name__}.choose must return a BoolTensor[{sum(observed)}], got {picked!r}")
             picked = iter(picked.tolist())
@@ -655,7 +656,7 @@ class GoodputFallbackRun:
             cap = None if starting else self.probe_interval_cap(len(rows), deepest)
             if not self._a_probe_could_pay(rows, cap, deepest):
                 due = [False] * len(rows)
-        return chosen, [not is_observed or is_due for is_observed, is_due in zip(observed, due)], depths
+        return chosen, [not is_observed or is_due for is_observed, is_due in zip(observed, due)], depths, priced
 
     def shrunk_gain(self, rows: list[int], prior: tuple[float, float] | None) -> list[float]:
         """ĝ_r of ``rows``: g_r pulled towards the prior's g (``shrunk``; module docstring)."""
@@ -677,49 +678,54 @@ class GoodputFallbackRun:
         skipped, the count of its drafted steps."""
         return self.evidence[row] * (1 - self.fallback.smoothing) ** self.skipped[row]
 
-    def priced_depths(self, rows: list[int], depths: list[int]) -> list[int]:
-        """The depths the choice prices ``rows`` at: ``depths`` (``depth``'s) without the margin's exploration. The margin
-        explores for the row's later steps; priced, its deeper pass tipped rows near break-even out on exactly their
-        exploring steps, and a skipped row stays on such a step until its probe (at one row and temperature 1, rows
-        drafted for seven steps in eight skipped 8–16 steps at each eighth: a probe, not kept)."""
-        if not any(self._explores(row) for row in rows):
-            return depths
-        return self.depth(rows, explore=False)
-
     def _explores(self, row: int) -> bool:
         """Whether row ``row``'s next drafted step is one that the margin deepens (one of every ``probe_after``)."""
         return self.observed[row] and self.own_steps[row] % self.fallback.probe_after == 0
 
-    def depth(self, rows: list[int], explore: bool = True) -> list[int]:
-        """How many tokens to draft for each of ``rows`` if drafted (``depth_margin``, on the rows' exploring steps
-        unless ``explore`` is False): γ for every row where a whole
-        block costs at most ``_PROBE_BUDGET`` of a one-token step more than the shallowest depth (savings that small
+    def depth(self, rows: list[int]) -> list[int]:
+        """How many tokens to draft for each of ``rows`` if drafted (``depth_margin`` more on a row's exploring steps):
+        ``depths``' first list."""
+        return self.depths(rows)[0]
+
+    def depths(self, rows: list[int]) -> tuple[list[int], list[int]]:
+        """(drafted, priced): how many tokens to draft for each of ``rows`` if drafted (``depth_margin``), and the depths
+        the choice prices them at, the same without the margin's exploring token. The margin explores for the row's
+        later steps; priced, its deeper pass tipped rows near break-even out on exactly their exploring steps, and a
+        skipped row stays on such a step until its probe (at one row and temperature 1, rows drafted for seven steps
+        in eight skipped 8–16 steps at each eighth: a probe, not kept). Either list is γ for every row where a whole
+        block costs at most ``_PROBE_BUDGET`` of a one-token step more than its shallowest depth (savings that small
         are not worth cutting a long match short); else deepened to where a wider step is no dearer
         (``reach_cheaper_widths``, ``reach_depth``)."""
         margin, gamma = self.fallback.depth_margin, self.max_draft_tokens
         whole_block = [gamma] * len(rows)
         if margin is None:
-            return whole_block
+            return whole_block, whole_block
         # ⌈λ_r⌉ up to a tolerance of α (at most ½): one deeper verification raises λ_r by the newest step's weight, at
         # least α, and fades by (1 − α) a step, so without it one ℓ = 2 at α = 0.1 drafted two deep for the ~200 steps
         # its excess takes to fall below a rounding error (a generation of 49 steps drafted two or three deep on 41 of
-        # them and verified two tokens on 2, at 0.45 ms or more a deeper pass: a probe, not kept). Two deeper steps close together
-        # still clear it.
+        # them and verified two tokens on 2, at 0.45 ms or more a deeper pass: a probe, not kept). Two deeper steps
+        # close together still clear it.
         tolerance = min(self.fallback.smoothing, 0.5) + 1e-9
-        depths = [
-            # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
-            min(max(math.ceil(self.verify[row] - tolerance) + (margin if explore and self._explores(row) else 0), 1), gamma)
-            if self.observed[row] else gamma
-            for row in rows
-        ]
+        lengths = [math.ceil(self.verify[row] - tolerance) for row in rows]
+        priced = [min(max(length, 1), gamma) if self.observed[row] else gamma for row, length in zip(rows, lengths)]
+        # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
+        drafted = [min(max(length + margin, 1), gamma) if self._explores(row) else depth for row, length, depth in zip(rows, lengths, priced)]
         count, block = len(rows), max(gamma, 1)
-        extra = self.cost_model.draft_time(count, block) - self.cost_model.draft_time(count, max(min(depths), 1))
-        if extra <= _PROBE_BUDGET * self.cost_model.step_time(count, 1):
-            return whole_block
-        if not self.fallback.reach_cheaper_widths:
-            return depths
-        step_costs = [self.cost_model.draft_time(count, depth) + self.cost_model.step_time(count, 1 + depth) for depth in range(1, gamma + 1)]
-        return [reach_depth(depth, step_costs) for depth in depths]
+        step_costs = None
+
+        def settled(depths: list[int]) -> list[int]:
+            nonlocal step_costs
+            extra = self.cost_model.draft_time(count, block) - self.cost_model.draft_time(count, max(min(depths), 1))
+            if extra <= _PROBE_BUDGET * self.cost_model.step_time(count, 1):
+                return whole_block
+            if not self.fallback.reach_cheaper_widths:
+                return depths
+            if step_costs is None:
+                step_costs = [self.cost_model.draft_time(count, depth) + self.cost_model.step_time(count, 1 + depth) for depth in range(1, gamma + 1)]
+            return [reach_depth(depth, step_costs) for depth in depths]
+
+        settled_drafted = settled(drafted)
+        return settled_drafted, (settled_drafted if priced == drafted else settled(priced))
 
     def _due(self, rows: list[int]) -> list[bool]:
         """Per row of ``rows``: due a probe, never measured in this generation or skipped for its wait."""
