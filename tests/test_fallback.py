@@ -446,6 +446,28 @@ def test_cheap_probes_do_not_start_a_generation_where_no_row_ever_gained_enough(
     assert fallback.start(start(2), costs).drafts is True
 
 
+def test_the_ceiling_counts_each_row_once_a_generation():
+    """At one row the probe ceiling rests on prompts, not steps: after a generation that drafted 15 steps and had
+    nothing accepted, the next still probes its row at its first step; after 8 such generations one runs as plain
+    decoding."""
+    fallback = GoodputFallback(smoothing=1.0)
+    costs = Costs(draft_row=0.3)
+    for generation in range(8):
+        run = fallback.start(start(1), costs)
+        assert run.drafts is True, f"generation {generation}"
+        for _ in range(15):
+            observe(run, [0], [True], [1], [0])
+        assert fallback.prior.evidence("greedy", 1) == generation + 1
+    assert fallback.start(start(1), costs).drafts is False
+
+
+@pytest.mark.parametrize("first_steps", [-1, 3, True, 1.0])
+def test_the_prior_refuses_first_steps_outside_the_drafted_rows(first_steps):
+    """first_steps must be an int from 0 to the number of drafted rows; the error names the argument and the value."""
+    with pytest.raises(ValueError, match=f"first_steps must be an int in \\[0, 2\\] \\(the drafted rows\\), got {first_steps!r}"):
+        GainPrior().update("greedy", 2, [0.5, 0.5], [1, 1], [0, 1], first_steps=first_steps)
+
+
 @attrs.frozen
 class CountingFallback(GoodputFallback):
     """GoodputFallback that counts how often its rule is evaluated."""
@@ -619,28 +641,28 @@ def test_the_margins_exploring_steps_do_not_price_a_row_out():
 
 
 def test_the_realised_ratio_is_accepted_over_expected_with_pseudo_tokens_and_a_discount():
-    """ρ starts at 1, is (accepted + 16) / (expected + 16) over the drafted rows, discounts older steps by its
+    """ρ starts at 1, is (accepted + 32) / (expected + 32) over the drafted rows, discounts older steps by its
     discount (0.98 here) and ignores updates without accepted counts."""
     prior = GainPrior(realised_discount=0.98)
     assert prior.realised_ratio("greedy") == 1.0
     prior.update("greedy", 2, torch.tensor([2.0, 2.0]), torch.tensor([2, 2]), torch.tensor([1, 0]))
-    assert prior.realised_ratio("greedy") == pytest.approx(17 / 20)
+    assert prior.realised_ratio("greedy") == pytest.approx(33 / 36)
     prior.update("greedy", 2, torch.tensor([1.0]), torch.tensor([1]), torch.tensor([1]))
     prior.update("greedy", 2, torch.tensor([5.0]), torch.tensor([1]))
-    assert prior.realised_ratio("greedy") == pytest.approx((0.98 * 1 + 1 + 16) / (0.98 * 4 + 1 + 16))
+    assert prior.realised_ratio("greedy") == pytest.approx((0.98 * 1 + 1 + 32) / (0.98 * 4 + 1 + 32))
     assert prior.realised_ratio("sampling") == 1.0
 
 
 def test_the_realised_ratio_ages_towards_one_over_steps_that_draft_nothing():
     """Ageing by k steps discounts ρ's sums by discount^k without counting as an update: 3 accepted of 13 expected
-    gives (3 + 16) / (13 + 16) = 0.66, and 300 steps at 0.99 later ρ is back above 0.95; an unknown band stays at 1."""
+    gives (3 + 32) / (13 + 32) = 0.78, and 300 steps at 0.99 later ρ is back above 0.95; an unknown band stays at 1."""
     prior = GainPrior(realised_discount=0.99)
     prior.update("sampling", 1, torch.tensor([13.0]), torch.tensor([1]), torch.tensor([3]))
     version = prior.version
-    assert prior.realised_ratio("sampling") == pytest.approx(19 / 29)
+    assert prior.realised_ratio("sampling") == pytest.approx(35 / 45)
     prior.age("sampling", 300)
     factor = 0.99 ** 300
-    assert prior.realised_ratio("sampling") == pytest.approx((3 * factor + 16) / (13 * factor + 16))
+    assert prior.realised_ratio("sampling") == pytest.approx((3 * factor + 32) / (13 * factor + 32))
     assert 0.95 < prior.realised_ratio("sampling") < 1.0 and prior.version == version
     prior.age("greedy", 5)
     assert prior.realised_ratio("greedy") == 1.0
@@ -679,12 +701,12 @@ def test_the_priors_gain_is_the_mean_of_its_first_steps_then_smoothed():
 @pytest.mark.parametrize(("memory", "drafted"), [((0.05, 0.98), False), (None, True)])
 def test_one_prompt_that_accepts_nothing_does_not_price_the_next_prompts_rows_out(memory, drafted):
     """After 150 drafted steps that accepted the 0.5 a step predicted, then 60 that accepted none of it, a new row
-    (first probed, then predicted 0.5 again) is drafted at its second step (D = 0.3, T = 1) with the default
-    memory (ρ over about 200 steps: 0.68), and skipped with ρ over about 50 steps (0.56)."""
+    (first probed, then predicted 0.5 again) is drafted at its second step (D = 0.36, T = 1: it pays where ρ > 0.72)
+    with the default memory (ρ over about 500 steps: 0.76), and skipped with ρ over about 50 steps (0.69)."""
     prior = GainPrior() if memory is None else GainPrior(smoothing=memory[0], realised_discount=memory[1])
     for step in range(210):
         prior.update("greedy", 1, torch.tensor([0.5], dtype=torch.float64), torch.tensor([1]), torch.tensor([step % 2 if step < 150 else 0]))
-    run = GoodputFallback(prior=prior).start(start(1), Costs(draft_row=0.3))
+    run = GoodputFallback(prior=prior).start(start(1), Costs(draft_row=0.36))
     rows = torch.tensor([0])
     assert run.draft_rows(rows).tolist() != [0]
     run.observe(record([0], [True], [1], [0], survival=torch.tensor([[0.5, 0.0, 0.0, 0.0]])))
@@ -701,18 +723,18 @@ def test_the_prior_refuses_a_memory_outside_its_range(argument, value):
 
 def test_a_row_whose_drafts_yield_less_than_predicted_stops_being_drafted_and_is_still_probed():
     """A row predicted to gain 0.5 a step (survival 0.5) that never has a token accepted is drafted while
-    ρ·0.5 pays for D = 0.3 (ρ = 16 / (16 + 0.5·n) after n such steps: about 22), then skipped; the probe ceiling is not
+    ρ·0.5 pays for D = 0.3 (ρ = 32 / (32 + 0.5·n), n such steps discounted: about 45), then skipped; the probe ceiling is not
     scaled by ρ, so it is still re-probed."""
     fallback = GoodputFallback(smoothing=1.0, probe_after=4, max_probe_interval=4)
     run = fallback.start(start(1), Costs(draft_row=0.3))
     rows = torch.tensor([0])
     drafted = []
-    for _ in range(30):
+    for _ in range(60):
         drafted.append(bool(run.draft_rows(rows)[0] > 0))
         verify = 1 if drafted[-1] else 0
         run.observe(record([0], [drafted[-1]], [verify], [0], survival=torch.full((1, 4), 0.5)))
     first_skip = drafted.index(False)
-    assert 20 <= first_skip <= 30 and fallback.prior.realised_ratio("greedy") * 0.5 < 0.3
+    assert 40 <= first_skip <= 50 and fallback.prior.realised_ratio("greedy") * 0.5 < 0.3
     assert drafted[first_skip : first_skip + 5] == [False] * 4 + [True]
 
 

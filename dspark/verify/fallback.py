@@ -18,7 +18,7 @@ estimate that has just fallen below what drafting costs overstates how far: the 
 towards what rows like it gain, so a choice on the raw g_r skips steps whose drafting pays, most where
 the average row is near break-even (batch 1); where drafting pays for no row (under load, ḡ near 0)
 the pull only keeps rows out sooner; ρ the realised ratio, accepted tokens over their expected
-count Σ a over the drafted rows of about the last 200 steps, drafted or not (``GainPrior.realised_ratio``; a step or a
+count Σ a over the drafted rows of about the last 500 steps, drafted or not (``GainPrior.realised_ratio``; a step or a
 plain generation that drafts nothing ages the sums, ``GainPrior.age``, so a ρ that kept rows out drifts back towards 1,
 where it would otherwise stand for as long as it keeps them out), which scales every g_r when the
 choice is made: the scheduler verifies the prefixes the estimator rates highest, and a calibration
@@ -103,8 +103,11 @@ whole drafting pass. When nothing is known there yet, a batch's rows are drafted
 otherwise the rows the estimate leaves out are first-probed there only if a probe could pay. The prior also keeps the largest gain one row has shown in a step there, the ceiling: a skipped
 row is re-probed only if a row gaining that much would pay for its drafting, so where no row has ever
 gained enough (under load, where the scheduler verifies nothing) nothing is drafted at all, once
-``_CEILING_EVIDENCE`` drafted rows have been seen there: a ceiling of one step's rows says little (prompt
-lookup's first step usually finds no match, and a ceiling of 0 from it kept lookup out for good), and
+``_CEILING_EVIDENCE`` rows have drafted there, each counted once a generation: a ceiling of one step's rows says little (prompt
+lookup's first step usually finds no match, and a ceiling of 0 from it kept lookup out for good), nor does one
+prompt's at one row (what a drafter gains depends on the prompt: a band's first prompt, drafted 15 steps for none
+accepted, kept the next four generations plain by its ceiling where MTP-1 ran 1.05–1.10× plain decoding on them; a
+probe, not kept), and
 only where probes are dear: where probing every ``probe_after`` steps stays within the budget below,
 probes go on whatever the ceiling, inside a drafting generation. A generation's first choice judges its probes by the
 ceiling alone: a drafting generation costs more than its probes, the scheduler's and this rule's bookkeeping on
@@ -257,12 +260,16 @@ def _size_bucket(rows: int) -> int:
 
 #: The share of plain decoding's time that probing a whole batch may take; it caps how far a probe's wait doubles.
 _PROBE_BUDGET = 0.005
-#: Drafted rows a batch size and band must have seen before a ceiling that does not pay keeps probes out.
+#: Rows a batch size and band must have seen drafted, each once a generation, before a ceiling that does not pay keeps
+#: probes out: at one row, as many prompts.
 _CEILING_EVIDENCE = 8
-#: ρ = (accepted + this) / (expected + this): until some tokens were drafted, ρ stays near 1. Sixteen, because at one
-#: row and temperature 1 a generation's drafted steps expect about 13 tokens and each is accepted or not (a binomial
-#: spread of about 3): with 8, one generation that accepted 5 of 13 took ρ from 1 to 0.6–0.76 (a probe, not kept).
-_REALISED_PSEUDO_TOKENS = 16.0
+#: ρ = (accepted + this) / (expected + this): until some tokens were drafted, ρ stays near 1. At one row and temperature 1
+#: a drafted token is accepted with a chance of about 0.29, so after E expected tokens the accepted count spreads by
+#: about √(0.7·E), and ρ by √(0.7·E) / (E + this), most at E = this: 0.10 with 16, 0.07 with 32, while drafting there
+#: pays down to a ρ of about 0.8. With 8, one generation that accepted 5 of 13 took ρ from 1 to 0.6–0.76; with 16, the
+#: first generations of a band took it to 0.70–0.76 (probes, not kept). Thirty-two roughly doubles the steps a steady
+#: overstatement takes to show: drafts yielding 0.74 of a Σ a of 0.5 a step take ρ below 0.85 in 96 steps, against 46.
+_REALISED_PSEUDO_TOKENS = 32.0
 #: The catch-up rate is the lower median of the rates of this many latest passes that read unread columns.
 _CATCH_UP_WINDOW = 15
 
@@ -279,12 +286,16 @@ class GainPrior:
     ``smoothing``: the weight of each step's drafted rows in g and λ (their mean over the first 1/``smoothing``
     steps at a batch size and band, then exponential smoothing); ``realised_discount``: what ρ's sums are
     multiplied by before each drafting step joins them, and by each step that drafts nothing (``age``). Both are
-    slow, g over about 100 drafting steps and ρ over about 200 steps: at batch 1 these are two to four generations, so that they say what rows like a new
-    one gain rather than how the last prompt ended. With g over 20 steps and ρ over 50, one prompt where the
-    drafter did poorly left the next prompts' rows inheriting an estimate below break-even; skipped, those
-    rows barely updated it, and later generations drafted on few of their steps."""
+    slow, g over about 100 drafting steps and ρ over about 500 steps: at batch 1 about two and eight generations, so
+    that they say what rows like a new one gain rather than how the last prompt ended. With g over 20 steps and ρ over
+    50, one prompt where the drafter did poorly left the next prompts' rows inheriting an estimate below break-even;
+    skipped, those rows barely updated it, and later generations drafted on few of their steps. ρ's is the longer
+    because at temperature 1 prompts differ in what they accept far more than one generation's draws do (MTP-1 at one
+    row: acceptance spread by 0.096 over 48 generations, against 0.065 from the draws alone), and ρ over about 200 steps,
+    three or four prompts, fell to 0.78–0.82 after two poor ones, below break-even, where its mean was about 0.93: the
+    next generations drafted on 5–19 of their 57–64 steps (a probe, not kept)."""
 
-    def __init__(self, smoothing: float = 0.01, realised_discount: float = 0.995):
+    def __init__(self, smoothing: float = 0.01, realised_discount: float = 0.998):
         for name, value in (("smoothing", smoothing), ("realised_discount", realised_discount)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
@@ -293,7 +304,7 @@ class GainPrior:
         self.ceilings: dict[tuple[str, int], tuple[float, float]] = {}
         self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
         self.intervals: dict[tuple[str, int], int] = {}
-        self.drafted: dict[tuple[str, int], int] = {}  # drafted rows observed per key: the ceiling's evidence
+        self.drafted: dict[tuple[str, int], int] = {}  # rows drafted per key, each once a generation: the ceiling's evidence
         self.updates: dict[tuple[str, int], int] = {}  # steps with drafted rows observed per key
         self.catch_up_rates: collections.deque[float] = collections.deque(maxlen=_CATCH_UP_WINDOW)
         self.idle_generations: dict[tuple[str, int], int] = {}  # generations in a row run as plain decoding, per key
@@ -309,7 +320,7 @@ class GainPrior:
         return self.ceilings.get((band, _size_bucket(rows)))
 
     def evidence(self, band: str, rows: int) -> int:
-        """How many drafted rows a batch of this size and band has shown (what its ceiling rests on)."""
+        """How many rows have drafted at this size and band, each counted once a generation (what its ceiling rests on)."""
         return self.drafted.get((band, _size_bucket(rows)), 0)
 
     def probe_interval(self, band: str, rows: int) -> int | None:
@@ -369,12 +380,15 @@ class GainPrior:
 
     def update(
         self, band: str, rows: int, gains: Sequence[float] | torch.Tensor, verify_lengths: Sequence[float] | torch.Tensor,
-        accepted: Sequence[float] | torch.Tensor | None = None,
+        accepted: Sequence[float] | torch.Tensor | None = None, first_steps: int | None = None,
     ) -> None:
         """Smooth in the mean outcome of one step's drafted rows of a batch of ``rows`` rows (``gains``, ``verify_lengths``:
         one value per drafted row, lists or 1-D tensors); raise the ceiling; with ``accepted`` (the rows' accepted
-        counts n_r), add them and the expected ``gains`` to ρ's sums."""
+        counts n_r), add them and the expected ``gains`` to ρ's sums. ``first_steps``: how many of these rows drafted
+        for the first time in their generation, what the ceiling's evidence counts (None: all of them)."""
         gains, verify_lengths = _host_values(gains), _host_values(verify_lengths)
+        if first_steps is not None and (isinstance(first_steps, bool) or not isinstance(first_steps, int) or not 0 <= first_steps <= len(gains)):
+            raise ValueError(f"first_steps must be an int in [0, {len(gains)}] (the drafted rows), got {first_steps!r}")
         if accepted is not None:
             realised, expected = self.realised.get(band, (0.0, 0.0))
             self.realised[band] = (self.realised_discount * realised + float(sum(_host_values(accepted))),
@@ -382,7 +396,7 @@ class GainPrior:
         observed = (sum(gains) / len(gains), sum(verify_lengths) / len(verify_lengths))
         self.version += 1
         key = (band, _size_bucket(rows))
-        self.drafted[key] = self.drafted.get(key, 0) + len(gains)
+        self.drafted[key] = self.drafted.get(key, 0) + (len(gains) if first_steps is None else first_steps)
         self.updates[key] = self.updates.get(key, 0) + 1
         # With a long memory, smoothing from the first step would keep that one step's outcome for a hundred more.
         weight = _new_step_weight(self.updates[key], self.smoothing)
@@ -739,7 +753,7 @@ class GoodputFallbackRun:
     def _a_probe_could_pay(self, rows: list[int], probe_interval_cap: int | None, depth: int) -> bool:
         """Whether drafting one row ``depth`` deep that gains as much as the best row ever did here would pay, at a
         probe's ``probe_draft_time`` (True while
-        fewer than ``_CEILING_EVIDENCE`` drafted rows were seen here, and where probing every ``probe_after``
+        fewer than ``_CEILING_EVIDENCE`` rows drafted here, each counted once a generation, and where probing every ``probe_after``
         steps stays within ``_PROBE_BUDGET``, which ``probe_interval_cap`` (this step's) says: such probes are too
         cheap to give up; None, for a generation's first choice, judges by the ceiling alone)."""
         ceiling = self.fallback.prior.ceiling(self.band, len(rows))
@@ -778,10 +792,12 @@ class GoodputFallbackRun:
         gains, verify_lengths, accepted = verified_gain(record).tolist(), record.verify_lengths.tolist(), record.accepted.tolist()
         one_token = self.cost_model.step_time(len(rows), 1)
         outcomes = []  # (gain, verify length, accepted) of each drafted row
+        first_steps = 0
         for row, drafts, gain, verify_length, accepted_count in zip(rows, drafted, gains, verify_lengths, accepted):
             if not drafts:
                 self.skipped[row] += 1
                 continue
+            first_steps += self.own_steps[row] == 0
             self.own_steps[row] += 1
             # The newest step weighs 1/m_r (at least α): after a long skip, the row's aged estimate gives way to it.
             self.evidence[row] = self.aged_evidence(row) + 1.0
@@ -794,4 +810,4 @@ class GoodputFallbackRun:
                 self.step_ratio[row] = known + weight * (ratio - known)
             self.observed[row], self.skipped[row] = True, 0
             outcomes.append((gain, verify_length, accepted_count))
-        self.fallback.prior.update(self.band, len(rows), *zip(*outcomes))
+        self.fallback.prior.update(self.band, len(rows), *zip(*outcomes), first_steps=first_steps)
