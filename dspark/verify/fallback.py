@@ -105,8 +105,9 @@ row is re-probed only if a row gaining that much would pay for its drafting, so 
 gained enough (under load, where the scheduler verifies nothing) nothing is drafted at all, once
 ``_CEILING_EVIDENCE`` rows have drafted there, each counted once a generation: a ceiling of one step's rows says little (prompt
 lookup's first step usually finds no match, and a ceiling of 0 from it kept lookup out for good), nor does one
-prompt's at one row (what a drafter gains depends on the prompt: a band's first prompt, drafted 15 steps for none
-accepted, kept the next four generations plain by its ceiling where MTP-1 ran 1.05–1.10× plain decoding on them; a
+prompt's at one row (what a drafter gains depends on the prompt: a band's first prompt drafted 15 steps, predicted to
+gain 0.2 tokens a step, and had none accepted; its estimate left the next rows out and its ceiling ruled their first
+probes out, so the next four generations ran as plain decoding where MTP-1 ran 1.03–1.28× plain decoding on them; a
 probe, not kept), and
 only where probes are dear: where probing every ``probe_after`` steps stays within the budget below,
 probes go on whatever the ceiling, inside a drafting generation. A generation's first choice judges its probes by the
