@@ -798,7 +798,7 @@ class GoodputFallbackRun:
             if not drafts:
                 self.skipped[row] += 1
                 continue
-            first_steps += self.own_steps[row] == 0
+            first_steps += int(self.own_steps[row] == 0)
             self.own_steps[row] += 1
             # The newest step weighs 1/m_r (at least α): after a long skip, the row's aged estimate gives way to it.
             self.evidence[row] = self.aged_evidence(row) + 1.0
