@@ -376,8 +376,8 @@ def test_a_generation_drafts_only_where_its_first_choice_gains_generation_min_ga
     fallback.prior.update("greedy", 2, torch.full((8,), 0.5, dtype=torch.float64), torch.ones(8, dtype=torch.long))
     run = fallback.start(start(2), Costs(draft_row=draft_row))
     rows = [0, 1]
-    assert run.predicted_gain(rows, [True, True], run.depth(rows)) == pytest.approx(3 / (1 + 2 * draft_row) / 2 - 1)
-    assert run.predicted_gain(rows, [False, False], run.depth(rows)) == 0.0  # drafting no row adds nothing
+    assert run.predicted_gain(rows, [True, True], run.depths(rows)[0]) == pytest.approx(3 / (1 + 2 * draft_row) / 2 - 1)
+    assert run.predicted_gain(rows, [False, False], run.depths(rows)[0]) == 0.0  # drafting no row adds nothing
     assert run.drafts is drafts
 
 
@@ -390,7 +390,7 @@ def test_a_one_row_generation_drafts_wherever_its_first_choice_drafts(draft_row,
     fallback.prior.update("greedy", 1, torch.full((8,), 0.5, dtype=torch.float64), torch.ones(8, dtype=torch.long))
     run = fallback.start(start(1), Costs(draft_row=draft_row))
     rows = [0]
-    assert run.predicted_gain(rows, [True], run.depth(rows)) == pytest.approx(1.5 / (1 + draft_row) - 1)
+    assert run.predicted_gain(rows, [True], run.depths(rows)[0]) == pytest.approx(1.5 / (1 + draft_row) - 1)
     assert run.drafts is drafts
 
 
@@ -624,7 +624,7 @@ def test_one_deeper_verification_in_a_smoothed_verify_length_does_not_deepen_the
     for verify_length in verify_lengths:
         run.draft_rows(rows)
         run.observe(record([0], [True], [verify_length], [verify_length], survival=torch.full((1, 4), 0.9)))
-    assert run.depth([0]) == [depth]
+    assert run.depths([0])[0] == [depth]
 
 
 def test_the_margins_exploring_steps_do_not_price_a_row_out():

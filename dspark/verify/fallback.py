@@ -82,8 +82,8 @@ drafter gains depends on the prompt (code against chat), so an estimate inherite
 otherwise keep a row out for a whole wait, and a later probe would only nudge the inherited estimate.
 
 A drafted row is drafted ⌈λ_r⌉ tokens deep (within a tolerance of α), and ⌈λ_r⌉ + ``depth_margin`` on one of every ``probe_after``
-of its drafted steps (``GoodputFallbackRun.depth``; the choice to draft it prices the depth without that exploring
-token, ``GoodputFallbackRun.depths``): the run answers with per-row depths, and the loop
+of its drafted steps (``GoodputFallbackRun.depths``, whose second list, the depths the choice to draft it prices, leaves
+that exploring token out): the run answers with per-row depths, and the loop
 asks the drafter for no more than the deepest, so a scheduler that verifies one token a step does not
 pay for drafting γ. The margin explores: a step whose scheduler verifies the deeper token raises λ_r,
 and the row is drafted deeper from then on, while a margin on every step paid, on every step, for a
@@ -375,7 +375,8 @@ class GainPrior:
             self.realised[band] = tuple(factor * value for value in self.realised[band])
 
     def realised_ratio(self, band: str) -> float:
-        """ρ in this band: (accepted + 16) / (expected + 16) over the discounted sums of drafted rows (1 before any)."""
+        """ρ in this band: (accepted + P) / (expected + P), P = ``_REALISED_PSEUDO_TOKENS``, over the discounted sums of
+        drafted rows (1 before any)."""
         accepted, expected = self.realised.get(band, (0.0, 0.0))
         return (accepted + _REALISED_PSEUDO_TOKENS) / (expected + _REALISED_PSEUDO_TOKENS)
 
@@ -696,11 +697,6 @@ class GoodputFallbackRun:
     def _explores(self, row: int) -> bool:
         """Whether row ``row``'s next drafted step is one that the margin deepens (one of every ``probe_after``)."""
         return self.observed[row] and self.own_steps[row] % self.fallback.probe_after == 0
-
-    def depth(self, rows: list[int]) -> list[int]:
-        """How many tokens to draft for each of ``rows`` if drafted (``depth_margin`` more on a row's exploring steps):
-        ``depths``' first list."""
-        return self.depths(rows)[0]
 
     def depths(self, rows: list[int]) -> tuple[list[int], list[int]]:
         """(drafted, priced): how many tokens to draft for each of ``rows`` if drafted (``depth_margin``), and the depths
