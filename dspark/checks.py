@@ -28,12 +28,16 @@ def check_int(name: str, value, minimum: int, optional: bool = False) -> int | N
     """Return ``value`` if it is an int (not a bool) >= ``minimum`` (or None when ``optional``)."""
     if value is None and optional:
         return None
-    allowed = f"an int >= {minimum}" + (" or None" if optional else "")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be {allowed}, got {value!r}")
+        raise TypeError(f"{name} must be {_int_allowed(minimum, optional)}, got {value!r}")
     if value < minimum:
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        raise ValueError(f"{name} must be {_int_allowed(minimum, optional)}, got {value!r}")
     return value
+
+
+def _int_allowed(minimum: int, optional: bool) -> str:
+    """What ``check_int`` allows, in words; built only for an error, since the check runs many times a step."""
+    return f"an int >= {minimum}" + (" or None" if optional else "")
 
 
 def check_seconds(name: str, value) -> float:

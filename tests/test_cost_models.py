@@ -792,6 +792,33 @@ def test_online_correction_stays_monotone_for_any_observations(grid, observation
     assert all(row == sorted(row) for row in drafts)
 
 
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    cost_grids(),
+    st.lists(st.tuples(st.sampled_from([1, 2, 3, 17, 40]), st.integers(1, 4), st.floats(0.0, 5.0)), min_size=1, max_size=30),
+    st.sampled_from([0.1, 0.5, 1.0]),
+)
+def test_online_answers_kept_between_observations_equal_answers_computed_afresh(grid, observations, smoothing):
+    """A model asked after every observation (its answers cached and dropped only where an observation reaches them)
+    answers exactly as one fed the same observations and asked only at the end."""
+    rows, tokens, seconds = grid
+    table = CostTable(rows=rows, tokens=tokens, step_seconds=seconds, draft_rows=rows, draft_depths=tokens, draft_seconds=seconds)
+    points = [(row_count, token_count) for row_count in (1, 2, 3, 5, 17, 40) for token_count in (1, 2, 3, 4, 6)]
+
+    def answers(model):
+        return [(model.step_time(*point), model.draft_time(*point)) for point in points]
+
+    asked = OnlineCorrectedCostModel(ProfiledCostModel(table), smoothing=smoothing)
+    for count, (row_count, token_count, observed) in enumerate(observations, start=1):
+        asked.observe_step(row_count, token_count, observed)
+        asked.observe_draft(row_count, observed / 4, token_count)
+        fresh = OnlineCorrectedCostModel(ProfiledCostModel(table), smoothing=smoothing)
+        for fresh_rows, fresh_tokens, fresh_observed in observations[:count]:
+            fresh.observe_step(fresh_rows, fresh_tokens, fresh_observed)
+            fresh.observe_draft(fresh_rows, fresh_observed / 4, fresh_tokens)
+        assert answers(asked) == answers(fresh)
+
+
 def test_a_wider_step_observed_cheaper_than_a_narrower_one_is_priced_cheaper():
     """Where two rows of one token took longer than two rows of three (a slow few-row product path), each observed
     cell answers what its steps took, not the narrower one's price carried up; rows stay monotone, and an unobserved

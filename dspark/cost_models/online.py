@@ -67,7 +67,8 @@ the profile's entry for a cell no step
 observes may have been timed in a burst of another process's work, and through the maximum it would price every
 larger batch, an error no step could correct (at four rows, a profile's noisy one- and two-row one-token entries
 priced every skipped step above what the four-row steps took, so skipping looked dear and drafting paid on paper).
-Answers are cached until the next observation.
+Answers are cached until an observation that can change them: one of a settled cell they read, or any at all where
+they read a cell not settled or not observed (a settled cell's k is its own smoothed ratio, which nothing else moves).
 
 A shared machine's pace changes from one second to the next (another tenant's work on a cloud CPU): the same
 forward runs fast for a while, then slow (``benchmarks/results/bench_pace.json``: consecutive four-row forwards'
@@ -239,9 +240,13 @@ class _CorrectedSurface:
         self.overall.ratio, self.overall.seconds = _Learnt(smoothed=1.0), _Learnt()
         self._ratio_tokens: dict[int, list[int]] = {}  # per row bucket, the token buckets with a learnt ratio, sorted
         self._seconds_tokens: dict[int, list[int]] = {}  # likewise, with learnt seconds
-        # Answers, and cells' k, until the next observation: the only thing that changes them.
+        # Answers until an observation that can change them. A settled cell's k is its own smoothed ratio alone, so an
+        # answer read only from settled cells changes only when one of them is observed; every other answer, each
+        # unsettled cell's k and every bound may read g, a neighbour or the cells' list, so any observation drops them.
         self._answers: dict[tuple[int, int], float] = {}
-        self._corrections: dict[tuple[int, int], float] = {}
+        self._readers: dict[tuple[int, int], set[tuple[int, int]]] = {}  # settled cell → the answers read from it
+        self._unsettled_answers: set[tuple[int, int]] = set()  # answers read from a cell not settled, or unobserved
+        self._corrections: dict[tuple[int, int], float] = {}  # unsettled and unobserved cells' k
         self._bounds: dict[tuple[tuple[int, int], int, int], float] = {}  # _bound's answers
         self._base_values: dict[tuple[int, int], float] = {}
 
@@ -281,9 +286,22 @@ class _CorrectedSurface:
                 bisect.insort(self._seconds_tokens.setdefault(key[0], []), key[1])
             cell.seconds.learn(seconds, self.smoothing, prior=prior)
             self.overall.seconds.learn(seconds, self.smoothing, prior=None)
-        self._answers.clear()
+        self._drop_answers_reading(key)
+
+    def _drop_answers_reading(self, key: tuple[int, int]) -> None:
+        """Forget what observing cell ``key`` may have changed: the answers read from it or from any cell not settled,
+        every k but a settled cell's (read afresh from the cell) and every bound."""
+        for point in self._unsettled_answers | self._readers.pop(key, set()):
+            self._answers.pop(point, None)
+        self._unsettled_answers = set()
         self._corrections.clear()
         self._bounds.clear()
+
+    def _settled_at(self, key: tuple[int, int], rows: int, tokens: int) -> bool:
+        """Whether cell ``key`` answers at the point (rows, tokens) from its own smoothed value alone: observed, and past
+        its median in the quantity it learns there (its ratio, or its seconds where the base predicts 0)."""
+        cell = self.cells.get(key)
+        return cell is not None and _settled(cell.ratio if self._base(rows, tokens) > 0 else cell.seconds)
 
     def _usual(self, key: tuple[int, int], rows: int, tokens: int) -> float:
         """h at the point (rows, tokens) of cell ``key`` at the machine's usual pace (π = 1)."""
@@ -308,13 +326,13 @@ class _CorrectedSurface:
     def correction(self, key: tuple[int, int]) -> float:
         """The k of cell ``key``: its smoothed ratio; while it has few observations, their median with the k it
         would answer with unobserved (``_unobserved_correction``); unobserved, that k (module docstring)."""
+        cell = self.cells.get(key)
+        if cell is not None and _settled(cell.ratio):
+            return cell.ratio.smoothed
         correction = self._corrections.get(key)
         if correction is None:
-            cell = self.cells.get(key)
             if cell is None or cell.ratio is None:
                 correction = self._unobserved_correction(key)
-            elif cell.ratio.smoothed is not None:
-                correction = cell.ratio.smoothed
             else:
                 correction = cell.ratio.value(self._unobserved_correction(key))
             self._corrections[key] = correction
@@ -367,10 +385,24 @@ class _CorrectedSurface:
             value = self._usual(*corner)
             if value > answer:  # only then can its bound matter, and looking it up costs a pass over the cells
                 answer = max(answer, min(value, self._bound(*corner)))
+        self._remember(rows, tokens, answer, [] if unobserved else observed)
+        return answer * self.pace.value
+
+    def _remember(self, rows: int, tokens: int, answer: float, corners: list[tuple[tuple[int, int], int, int]]) -> None:
+        """Cache ``answer`` for (rows, tokens), at the usual pace (π changes with every step, even of another surface),
+        listed under the cells of ``corners`` where every one is settled (no corner: read from unobserved cells), else
+        among the answers any observation drops."""
         if len(self._answers) >= _CACHE_LIMIT:
             self._answers.clear()
-        self._answers[(rows, tokens)] = answer  # at the usual pace: π changes with every step, even of another surface
-        return answer * self.pace.value
+            self._readers.clear()
+            self._unsettled_answers.clear()
+        point = (rows, tokens)
+        self._answers[point] = answer
+        if corners and all(self._settled_at(*corner) for corner in corners):
+            for key, _, _ in corners:
+                self._readers.setdefault(key, set()).add(point)
+        else:
+            self._unsettled_answers.add(point)
 
 
 class OnlineCorrectedCostModel:
