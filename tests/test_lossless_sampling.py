@@ -243,7 +243,7 @@ class SingleRequestBatches:
 
 @pytest.mark.parametrize(
     "policy",
-    [HardwareAwareScheduler(admission="candidates"), HardwareAwareScheduler(admission="candidates", static_batch=True), MinimumGainRule()],
+    [HardwareAwareScheduler(admission="candidates", static_batch=False), HardwareAwareScheduler(admission="candidates"), MinimumGainRule()],
     ids=["hardware-aware-candidates", "hardware-aware-candidates-static-batch", "minimum-gain"],
 )
 def test_throughput_aware_policies_are_lossless_on_a_mixed_batch(models, policy):

@@ -659,7 +659,7 @@ def test_static_batch_skips_a_column_only_rows_about_to_finish_would_fill():
     survival = torch.tensor([[0.9], [0.9], [0.0], [0.0]])
     limits = torch.tensor([1, 1, 0, 0])
     context = lambda remaining: dspark.VerifyContext(rows=torch.arange(4), priority=torch.ones(4), drafted_rows=0, remaining=torch.tensor(remaining))  # noqa: E731
-    goodput, static = HardwareAwareScheduler(row_fallback=None), HardwareAwareScheduler(row_fallback=None, static_batch=True)
+    goodput, static = HardwareAwareScheduler(row_fallback=None, static_batch=False), HardwareAwareScheduler(row_fallback=None)
     assert goodput.lengths(survival, costs, limits, context([3, 3, 9, 9])).tolist() == [1, 1, 0, 0]
     assert static.lengths(survival, costs, limits, context([3, 3, 9, 9])).tolist() == [0, 0, 0, 0]
     assert static.lengths(survival, costs, limits, context([5, 5, 5, 5])).tolist() == [1, 1, 0, 0]

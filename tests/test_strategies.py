@@ -23,10 +23,10 @@ def test_presets_compose_the_policy_they_name():
 
 def test_the_dspark_preset_admits_columns_unless_told_otherwise():
     """strategies.dspark schedules whole verify columns by default and the paper's single candidates on request;
-    it weighs rows by when they finish only with static_batch=True."""
+    it weighs rows by when they finish unless told static_batch=False."""
     drafter, cost = PromptLookupDrafter(), ConstantCostModel(step_seconds=0.01)
     assert strategies.dspark(drafter, 5, cost).policy.admission == "columns"
-    assert strategies.dspark(drafter, 5, cost, static_batch=True).policy.static_batch and not strategies.dspark(drafter, 5, cost).policy.static_batch
+    assert strategies.dspark(drafter, 5, cost).policy.static_batch and not strategies.dspark(drafter, 5, cost, static_batch=False).policy.static_batch
     assert strategies.dspark(drafter, 5, cost, admission="candidates").policy.admission == "candidates"
     with pytest.raises(ValueError, match="admission"):
         strategies.dspark(drafter, 5, cost, admission="rows")

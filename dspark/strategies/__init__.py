@@ -47,11 +47,12 @@ def _scheduled(policy, drafter: Drafter, max_draft_tokens: int, cost_model: Cost
 
 def dspark(
     drafter: Drafter, max_draft_tokens: int, cost_model: CostModel, confidence: ConfidenceEstimator | None = None, admission: str = "columns",
-    static_batch: bool = False, look_ahead: bool = False,
+    static_batch: bool = True, look_ahead: bool = False,
 ) -> Strategy:
     """The DSpark preset: the hardware-aware prefix scheduler (paper Algorithm 1, with drafting cost,
     admitting whole verify columns; ``admission="candidates"`` for the paper's single candidates;
-    ``static_batch=True`` weighs rows' tokens by when the rows finish, ``finishing_weights``; ``look_ahead=True``
+    weighing rows' tokens by when the rows finish in ``dspark.generate``'s static batch, ``finishing_weights``,
+    and ``static_batch=False`` for the paper's Θ, which values every token alike; ``look_ahead=True``
     opens a column when a wider step further on would pay, ``column_schedule``)
     on ``confidence`` (default: draft probability; a calibrated estimator is what it is meant for)
     and ``cost_model`` (e.g. ``dspark.profiled_cost_model(target, drafter, γ)``). ``wrap(target,

@@ -47,9 +47,10 @@ alike, the batch's remaining forwards cost Σ_k n_(k)·(T(k, 1) − T(k − 1, 1
 ranked k pays the k-th row's marginal cost for each of its steps, so a token of a row that will finish
 early saves only a marginal row of a later forward, while one of the row furthest from its end shortens
 the batch's tail. ``finishing_weights`` turns this into weights f_r with Σ_r f_r = R that multiply the
-priorities (``HardwareAwareScheduler(static_batch=True)``): rows that tie share their ranks' costs alike,
-so at one row, or while every row has the same budget, f = 1 and Θ is the paper's. Continuous batching,
-where a finished row is replaced at once, values every token alike: that is Θ without the weights.
+priorities (``HardwareAwareScheduler``'s default, ``static_batch=True``): rows that tie share their ranks' costs
+alike, so at one row, or while every row has the same budget, f = 1 and Θ is the paper's. Continuous batching,
+where a finished row is replaced at once, values every token alike: that is Θ without the weights
+(``static_batch=False``).
 
 Why the scheduler must stop early (paper Appendix A): lossless sampling needs every admission to be
 non-anticipating — whether x_{r,k} is verified may depend only on what was known before x_{r,k} was
@@ -323,12 +324,12 @@ class HardwareAwareScheduler:
     at all (``dspark.verify.fallback``; beyond the paper); None drafts every row every step.
     ``admission``: "columns" (the default), whole verify columns (``column_schedule``), which is what dspark's
     rectangular forward pays for; or "candidates", the paper's order of single (r, j) (``prefix_schedule``).
-    Both stop early and are lossless, and they agree at one row. ``static_batch``: weigh each row's tokens
-    by ``finishing_weights`` of the rows' remaining budgets (``VerifyContext.remaining``), what they are
-    worth in a batch that runs until its last row is done, as ``dspark.generate``'s does (beyond the paper;
+    Both stop early and are lossless, and they agree at one row. ``static_batch`` (the default): weigh each
+    row's tokens by ``finishing_weights`` of the rows' remaining budgets (``VerifyContext.remaining``), what they
+    are worth in a batch that runs until its last row is done, as ``dspark.generate``'s does (beyond the paper;
     the weights read only budgets known before the step, so admission stays non-anticipating). False values
     every token alike, the paper's Θ, right for continuous batching. One row, or rows with equal budgets,
-    get the same lengths either way. ``look_ahead``: with column admission, open a column when some wider
+    get the same lengths either way, and so does a caller that reports no budgets. ``look_ahead``: with column admission, open a column when some wider
     step on survivals projected from what is known (``projected_survival``) would beat the goodput so far,
     not only the next one (``column_schedule``); lossless too. For a cost model whose step time falls again
     at a wider step, which the plain stop never crosses to.
@@ -338,7 +339,7 @@ class HardwareAwareScheduler:
     include_draft_cost: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     row_fallback: RowFallback | None = attrs.field(factory=GoodputFallback, validator=attrs.validators.optional(attrs.validators.instance_of(RowFallback)))
     admission: str = attrs.field(default="columns", validator=attrs.validators.in_(ADMISSIONS))
-    static_batch: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    static_batch: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     look_ahead: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     needs_survival = True
     needs_cost_model = True
