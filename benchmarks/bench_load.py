@@ -13,11 +13,10 @@ fitted offline and refitted online per sampling band, ``dspark.verify.online_est
   its ratio to plain decoding is the machine's noise), MTP-1 (``FixedLength(1)``), fixed γ (every drafted token),
   threshold (``Threshold(0.5)`` on the calibrated survival), vLLM's argmax rule, DSpark
   (``HardwareAwareScheduler``, column-wise admission), DSpark with the paper's candidate-wise
-  admission (``dspark_candidates``), DSpark weighing rows by when they finish, as the preset does since ``static_batch``
-  became its default (``dspark_static``, ``static_batch=True`` named), DSpark valuing every token alike, the paper's Θ
-  and the preset before that (``dspark_theta``, ``static_batch=False``), DSpark opening a column when a wider step further on pays (``dspark_look_ahead``,
-  ``look_ahead=True``) and DSpark whose row fallback drafts ⌈λ_r⌉ deep only (``dspark_shallow``,
-  ``GoodputFallback(reach_cheaper_widths=False)``), the last seven with the cost model ``wrap`` profiles on this machine
+  admission (``dspark_candidates``), DSpark valuing every token alike, the paper's Θ (``dspark_theta``,
+  ``static_batch=False``; the preset weighs rows by when they finish), DSpark opening a column when a wider step
+  further on pays (``dspark_look_ahead``, ``look_ahead=True``) and DSpark whose row fallback drafts ⌈λ_r⌉ deep only (``dspark_shallow``,
+  ``GoodputFallback(reach_cheaper_widths=False)``), the last six with the cost model ``wrap`` profiles on this machine
   (each its own copy, corrected online by its own steps, and its own estimator, as separate ``wrap`` calls would have);
 * aggregate tokens/s (all rows' new tokens over the batches' wall time), per-user tokens/s (one
   row's tokens over its batch's time, averaged over rows), τ, the mean verify length per row and step
@@ -83,7 +82,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 #: ``plain_again`` is plain decoding timed a second time, as a policy of its own: its ratio to plain decoding, which
 #: ought to be 1, is what the machine's noise alone makes of two runs of one policy (an A/A control).
-POLICIES = (*STATIC_POLICIES, "plain_again", "vllm_rule", "dspark", "dspark_candidates", "dspark_static", "dspark_theta", "dspark_look_ahead", "dspark_shallow")
+POLICIES = (*STATIC_POLICIES, "plain_again", "vllm_rule", "dspark", "dspark_candidates", "dspark_theta", "dspark_look_ahead", "dspark_shallow")
 DRAFTERS = ("shipped", "prompt_lookup")
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
@@ -142,7 +141,6 @@ def _policies(target, drafter, make_confidence, gamma, names) -> dict:
         "vllm_rule": lambda: strategies.vllm_rule(drafter, gamma, costed(), make_confidence()),
         "dspark": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence()),
         "dspark_candidates": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), admission="candidates"),
-        "dspark_static": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), static_batch=True),
         "dspark_theta": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), static_batch=False),
         "dspark_look_ahead": lambda: strategies.dspark(drafter, gamma, costed(), make_confidence(), look_ahead=True),
         "dspark_shallow": lambda: dspark.Strategy(

@@ -23,7 +23,8 @@ __all__ = [
     "run_strategy", "sweep", "write_json",
 ]
 
-#: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names; any other keeps its own name.
+#: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names (``dspark_static``: in reports made before the
+#: preset weighed rows by when they finish); any other keeps its own name.
 _POLICY_TITLES = {
     "plain_again": "plain again", "mtp1": "MTP-1", "fixed_gamma": "fixed γ", "threshold": "threshold", "vllm_rule": "vLLM rule", "dspark": "DSpark",
     "dspark_candidates": "DSpark (candidates)", "dspark_static": "DSpark (static)", "dspark_theta": "DSpark (Θ)", "dspark_look_ahead": "DSpark (look-ahead)",

@@ -328,10 +328,10 @@ class HardwareAwareScheduler:
     row's tokens by ``finishing_weights`` of the rows' remaining budgets (``VerifyContext.remaining``), what they
     are worth in a batch that runs until its last row is done, as ``dspark.generate``'s does (beyond the paper;
     the weights read only budgets known before the step, so admission stays non-anticipating). False values
-    every token alike, the paper's Θ, right for continuous batching. One row, or rows with equal budgets,
-    get the same lengths either way, and so does a caller that reports no budgets. ``look_ahead``: with column admission, open a column when some wider
-    step on survivals projected from what is known (``projected_survival``) would beat the goodput so far,
-    not only the next one (``column_schedule``); lossless too. For a cost model whose step time falls again
+    every token alike, the paper's Θ, right for continuous batching. One row, rows with equal budgets, and a
+    caller that reports no budgets get the same lengths either way. ``look_ahead``: with column admission, open
+    a column when some wider step on survivals projected from what is known (``projected_survival``) would beat
+    the goodput so far, not only the next one (``column_schedule``); lossless too. For a cost model whose step time falls again
     at a wider step, which the plain stop never crosses to.
     """
 
