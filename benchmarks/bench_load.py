@@ -33,6 +33,10 @@ fitted offline and refitted online per sampling band, ``dspark.verify.online_est
   that drift in the machine's speed hits every policy alike, in an order drawn anew (seeded) at every
   batch, so that no policy always runs after the same one (what ran before changes what the caches
   and the allocator hold);
+* per policy, its steps' median time and count at each width (``step_ms_by_width``, the last round's) and, for a
+  policy that reads a cost model, what that model prices the setting's steps and drafting passes at when the setting
+  ends (``priced_step_ms``, ``priced_draft_ms``): where a policy drafts and loses, these tell a wrong price from the
+  machine's noise;
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
   length against c (Figure 8). The JSON is written after every setting, with ``"complete": false`` until
   the last one is done, and records the code measured (git ids of ``dspark``, this script and
@@ -234,8 +238,27 @@ def _run_setting(
         walls, decodes, results, rates = zip(*timed_rounds)
         round_tokens = [sum(result.stats.new_tokens for result in round_results) for round_results in results]
         entries[name], tokens[name] = _entry(target, batches, list(walls), list(decodes), round_tokens, list(rates), results[-1])
+        entries[name].update(_step_costs(policies[name], batches[0]["input_ids"].shape[0], results[-1]))
         bar.update(1)
     return entries, tokens
+
+
+def _step_costs(strategy, rows: int, results: list) -> dict:
+    """What a policy's steps of its last round took against what its cost model prices them at the setting's end,
+    to tell a wrong price from the machine's noise where a policy drafts and loses: ``step_ms_by_width``, the median
+    ``verify_seconds`` (ms) and the count of the steps of every batch row at each width 1 + max ℓ; and for a policy
+    that reads its cost model (``needs_cost_model``), ``priced_step_ms`` T(rows, w) for w = 1..4 and
+    ``priced_draft_ms`` D(rows, depth) for depth 1..3."""
+    by_width: dict[int, list[float]] = {}
+    for result in results:
+        for record in result.stats.records[1:]:  # the first record is the prompt's
+            if record.rows.numel() == rows:
+                by_width.setdefault(1 + int(record.verify_lengths.max()), []).append(1e3 * record.verify_seconds)
+    costs = {"step_ms_by_width": {str(width): [statistics.median(times), len(times)] for width, times in sorted(by_width.items())}}
+    if getattr(strategy.policy, "needs_cost_model", False):
+        costs["priced_step_ms"] = [1e3 * strategy.cost_model.step_time(rows, width) for width in range(1, 5)]
+        costs["priced_draft_ms"] = [1e3 * strategy.cost_model.draft_time(rows, depth) for depth in range(1, 4)]
+    return costs
 
 
 def _plot(report: dict, output: Path) -> None:

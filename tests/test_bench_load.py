@@ -5,7 +5,9 @@ import torch
 
 import dspark
 from dspark import strategies
+from dspark.cost_models import ConstantCostModel
 from dspark.drafters import PromptLookupDrafter
+from dspark.verify import OnlineLogisticConfidence
 from tests.conftest import build_model, load_script
 
 
@@ -24,3 +26,22 @@ def test_a_sampled_generation_draws_from_the_seed_it_is_given(bench_load):
     assert torch.equal(tokens[0], tokens[1]) and not torch.equal(tokens[0], tokens[2])
     greedy = [bench_load._timed(model, batch, bench_load.MODES["greedy"], 24, seed=seed)[2].sequences for seed in (0, 1)]
     assert torch.equal(greedy[0], greedy[1])
+
+
+def test_step_costs_keep_each_widths_step_times_and_a_cost_models_prices(bench_load):
+    """A costed policy's entry keeps its steps' median time and count at each width and its cost model's prices for
+    the setting's rows; a policy on the constant cost model keeps the step times alone."""
+    target = build_model("llama")
+    batch = {"input_ids": torch.tensor([[1, 5, 9, 5, 9, 5], [2, 7, 3, 7, 3, 7]]), "attention_mask": torch.ones(2, 6, dtype=torch.long)}
+    drafter = PromptLookupDrafter()
+    costed = strategies.dspark(drafter, 3, ConstantCostModel(step_seconds=0.01, draft_seconds=0.001), OnlineLogisticConfidence())
+    for strategy, priced in ((costed, True), (strategies.fixed_length(drafter, 3), False)):
+        result = dspark.SpeculativeModel(target, strategy).generate(**batch, max_new_tokens=16)
+        costs = bench_load._step_costs(strategy, 2, [result])
+        steps = [record for record in result.stats.records[1:] if record.rows.numel() == 2]
+        assert sum(count for _, count in costs["step_ms_by_width"].values()) == len(steps)
+        assert all(median > 0 for median, _ in costs["step_ms_by_width"].values())
+        assert ("priced_step_ms" in costs) is priced and ("priced_draft_ms" in costs) is priced
+        if priced:
+            assert costs["priced_step_ms"] == [1e3 * strategy.cost_model.step_time(2, width) for width in range(1, 5)]
+            assert len(costs["priced_draft_ms"]) == 3
