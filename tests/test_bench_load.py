@@ -30,7 +30,7 @@ def test_a_sampled_generation_draws_from_the_seed_it_is_given(bench_load):
 
 def test_step_costs_keep_each_widths_step_times_and_a_cost_models_prices(bench_load):
     """A costed policy's entry keeps its steps' median time and count at each width and its cost model's prices for
-    the setting's rows; a policy on the constant cost model keeps the step times alone."""
+    the setting's rows; a policy that reads no cost model (fixed γ) keeps the step times alone."""
     target = build_model("llama")
     batch = {"input_ids": torch.tensor([[1, 5, 9, 5, 9, 5], [2, 7, 3, 7, 3, 7]]), "attention_mask": torch.ones(2, 6, dtype=torch.long)}
     drafter = PromptLookupDrafter()
