@@ -246,7 +246,7 @@ def _run_setting(
 def _step_costs(strategy, rows: int, results: list) -> dict:
     """What a policy's steps of its last round took against what its cost model prices them at the setting's end,
     to tell a wrong price from the machine's noise where a policy drafts and loses: ``step_ms_by_width``, the median
-    ``verify_seconds`` (ms) and the count of the steps whose forward held every row of the batch, at each width 1 + max ℓ; and for a policy
+    ``verify_seconds`` (ms) and the count of the steps of every batch row at each width 1 + max ℓ; and for a policy
     that reads its cost model (``needs_cost_model``), ``priced_step_ms`` T(rows, w) for w = 1..4 and
     ``priced_draft_ms`` D(rows, depth) for depth 1..3."""
     by_width: dict[int, list[float]] = {}
