@@ -79,6 +79,7 @@ from dspark import pretrained, strategies
 from dspark.benchmarking import STATIC_POLICIES, across_categories, generated_tokens, paired_ratio, write_json
 from dspark.drafters import PromptLookupDrafter
 from dspark.pretrained import encode_chat
+from dspark.protocols import POLICY_HOOKS, hook
 from dspark.training.data import eval_prompts
 from dspark.verify import CalibrationFile, GoodputFallback, HardwareAwareScheduler, Threshold, calibrated_estimator, online_estimator
 
@@ -255,7 +256,7 @@ def _step_costs(strategy, rows: int, results: list) -> dict:
             if record.rows.numel() == rows:
                 by_width.setdefault(1 + int(record.verify_lengths.max()), []).append(1e3 * record.verify_seconds)
     costs = {"step_ms_by_width": {str(width): [statistics.median(times), len(times)] for width, times in sorted(by_width.items())}}
-    if getattr(strategy.policy, "needs_cost_model", False):
+    if hook(strategy.policy, "needs_cost_model", POLICY_HOOKS):
         costs["priced_step_ms"] = [1e3 * strategy.cost_model.step_time(rows, width) for width in range(1, 5)]
         costs["priced_draft_ms"] = [1e3 * strategy.cost_model.draft_time(rows, depth) for depth in range(1, 4)]
     return costs
