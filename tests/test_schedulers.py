@@ -652,6 +652,25 @@ def test_finishing_weights_refuse_a_float_budget():
         finishing_weights(torch.tensor([1.0, 2.0]), lambda rows, tokens: 1.0)
 
 
+def test_one_row_steps_skip_the_finishing_weights_and_choose_as_with_them(monkeypatch):
+    """At one row the finishing weight is 1, so the preset's scheduler does not compute it, and chooses the lengths the
+    weights would give; from two rows it computes them."""
+    costs = LinearCostModel(base=1.0, per_token=0.1)
+    context = lambda rows: dspark.VerifyContext(rows=torch.arange(rows), priority=torch.ones(rows), drafted_rows=rows, remaining=torch.arange(3, 3 + rows))  # noqa: E731
+    survival, limits = torch.tensor([[0.9, 0.6]]), torch.tensor([2])
+    static, goodput = HardwareAwareScheduler(row_fallback=None), HardwareAwareScheduler(row_fallback=None, static_batch=False)
+    expected = goodput.lengths(survival, costs, limits, context(1))
+    assert finishing_weights(torch.tensor([3]), costs.step_time).tolist() == [1.0]
+
+    def refused(remaining, step_time):
+        raise RuntimeError(f"finishing weights computed for {remaining.shape[0]} row(s)")
+
+    monkeypatch.setattr(dspark.verify.schedulers, "finishing_weights", refused)
+    assert static.lengths(survival, costs, limits, context(1)).tolist() == expected.tolist()
+    with pytest.raises(RuntimeError, match="2 row"):
+        static.lengths(survival.expand(2, 2), costs, limits.expand(2), context(2))
+
+
 def test_static_batch_skips_a_column_only_rows_about_to_finish_would_fill():
     """Two rows near their end draft well, two far from it draft nothing: Θ opens column 1, the finishing weights do not;
     with equal budgets both give the same lengths."""

@@ -356,7 +356,9 @@ class HardwareAwareScheduler:
         prefix, limits = _prefix_and_limits(self, survival, limits)
         draft_seconds = _draft_seconds(cost_model, prefix, context) if self.include_draft_cost else 0.0
         weights = _priority(context)
-        if self.static_batch and context is not None and context.remaining is not None:
+        # One row's finishing weight is exactly 1, so a one-row step skips computing it (its tensor work was half
+        # of this method's time there: docs/scheduling.rst, "The grid at the finishing weights").
+        if self.static_batch and context is not None and context.remaining is not None and context.remaining.shape[0] > 1:
             finishing = finishing_weights(context.remaining, cost_model.step_time).to(prefix.device)
             weights = finishing if weights is None else finishing * weights.to(finishing.device, finishing.dtype)
         if self.admission == "columns":
