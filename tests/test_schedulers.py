@@ -652,23 +652,20 @@ def test_finishing_weights_refuse_a_float_budget():
         finishing_weights(torch.tensor([1.0, 2.0]), lambda rows, tokens: 1.0)
 
 
-def test_one_row_steps_skip_the_finishing_weights_and_choose_as_with_them(monkeypatch):
-    """At one row the finishing weight is 1, so the preset's scheduler does not compute it, and chooses the lengths the
-    weights would give; from two rows it computes them."""
+def test_one_row_finishing_weight_is_one_without_asking_the_step_time():
+    """One row's finishing weight is 1 with no step time read (a cost model asked anything fails here), so a one-row
+    step of the preset chooses what it would without the weights; from two rows the step times are read."""
+    def refused(rows, tokens):
+        raise RuntimeError(f"step time asked for {rows} row(s)")
+
+    assert finishing_weights(torch.tensor([3]), refused).tolist() == [1.0]
+    with pytest.raises(RuntimeError, match="row"):
+        finishing_weights(torch.tensor([3, 4]), refused)
     costs = LinearCostModel(base=1.0, per_token=0.1)
-    context = lambda rows: dspark.VerifyContext(rows=torch.arange(rows), priority=torch.ones(rows), drafted_rows=rows, remaining=torch.arange(3, 3 + rows))  # noqa: E731
+    context = dspark.VerifyContext(rows=torch.arange(1), priority=torch.ones(1), drafted_rows=1, remaining=torch.tensor([3]))
     survival, limits = torch.tensor([[0.9, 0.6]]), torch.tensor([2])
     static, goodput = HardwareAwareScheduler(row_fallback=None), HardwareAwareScheduler(row_fallback=None, static_batch=False)
-    expected = goodput.lengths(survival, costs, limits, context(1))
-    assert finishing_weights(torch.tensor([3]), costs.step_time).tolist() == [1.0]
-
-    def refused(remaining, step_time):
-        raise RuntimeError(f"finishing weights computed for {remaining.shape[0]} row(s)")
-
-    monkeypatch.setattr(dspark.verify.schedulers, "finishing_weights", refused)
-    assert static.lengths(survival, costs, limits, context(1)).tolist() == expected.tolist()
-    with pytest.raises(RuntimeError, match="2 row"):
-        static.lengths(survival.expand(2, 2), costs, limits.expand(2), context(2))
+    assert static.lengths(survival, costs, limits, context).tolist() == goodput.lengths(survival, costs, limits, context).tolist()
 
 
 def test_static_batch_skips_a_column_only_rows_about_to_finish_would_fill():

@@ -272,15 +272,18 @@ def finishing_weights(remaining: torch.Tensor, step_time: StepTime) -> torch.Ten
 
     T(0, 1) = 0 (module docstring). f = 1 for one row and wherever every row has the same budget; the
     rows furthest from their end weigh most. Float64 on ``remaining``'s device; ``step_time`` is called
-    R times with Python ints only (k = 1..R, one token), so nothing is copied to the host.
+    R times with Python ints only (k = 1..R, one token), so nothing is copied to the host, and not at all for
+    one row, whose weight needs no step time (every one-row step of the DSpark preset asks for it).
     """
     if not isinstance(remaining, torch.Tensor) or remaining.dim() != 1 or remaining.is_floating_point() or remaining.dtype == torch.bool:
         raise TypeError(f"remaining must be an integer tensor [R] of the rows' remaining budgets, got {_describe(remaining)}")
     if not callable(step_time):
         raise TypeError(f"step_time must be a callable (rows, tokens) -> seconds, got {step_time!r}")
     rows = remaining.shape[0]
+    if rows <= 1:
+        return torch.ones(rows, dtype=torch.float64, device=remaining.device)
     seconds = [0.0] + [_check_seconds(f"step_time(R={count}, tokens=1)", step_time(count, 1)) for count in range(1, rows + 1)]
-    if rows == 0 or seconds[rows] <= 0:
+    if seconds[rows] <= 0:
         return torch.ones(rows, dtype=torch.float64, device=remaining.device)
     table = torch.tensor(seconds, dtype=torch.float64, device=remaining.device)
     ascending = remaining.sort().values
@@ -356,9 +359,7 @@ class HardwareAwareScheduler:
         prefix, limits = _prefix_and_limits(self, survival, limits)
         draft_seconds = _draft_seconds(cost_model, prefix, context) if self.include_draft_cost else 0.0
         weights = _priority(context)
-        # One row's finishing weight is exactly 1, so a one-row step skips computing it (its tensor work was half
-        # of this method's time there: docs/scheduling.rst, "The grid at the finishing weights").
-        if self.static_batch and context is not None and context.remaining is not None and context.remaining.shape[0] > 1:
+        if self.static_batch and context is not None and context.remaining is not None:
             finishing = finishing_weights(context.remaining, cost_model.step_time).to(prefix.device)
             weights = finishing if weights is None else finishing * weights.to(finishing.device, finishing.dtype)
         if self.admission == "columns":
