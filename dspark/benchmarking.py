@@ -8,7 +8,9 @@ way, with no ``sys.path`` edits.
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 import statistics
 import time
 from pathlib import Path
@@ -17,10 +19,11 @@ import torch
 from tqdm.auto import tqdm
 
 import dspark
+from dspark.checks import check_int
 
 __all__ = [
-    "STATIC_POLICIES", "across_categories", "first_difference", "generated_tokens", "load_table", "paired_ratio", "paired_vs_best_static",
-    "run_strategy", "sweep", "write_json",
+    "STATIC_POLICIES", "across_categories", "best_static", "first_difference", "generated_tokens", "load_table", "paired_ratio", "paired_ratio_interval",
+    "paired_vs_best_static", "run_strategy", "sweep", "write_json",
 ]
 
 #: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names (``dspark_static``: in reports made before the
@@ -106,28 +109,82 @@ def sweep(model, settings: list[tuple[str, object]], prompts, max_new_tokens) ->
 _MISSING = "–"
 
 
+def _paired_ratios(mine: list[list[float]], theirs: list[list[float]]) -> list[list[float]]:
+    """x_{i,b} / y_{i,b} for every round i and batch b of ``mine`` and ``theirs`` (``paired_ratio``)."""
+    if len(mine) != len(theirs) or not mine or any(len(row) != len(other) or not row for row, other in zip(mine, theirs)):
+        raise ValueError(f"mine and theirs must hold as many rounds, each of as many batches (at least one), got {mine!r} and {theirs!r}")
+    return [[x / y for x, y in zip(row, other)] for row, other in zip(mine, theirs)]
+
+
 def paired_ratio(mine: list[list[float]], theirs: list[list[float]]) -> tuple[float, list[float]]:
     """How much faster one policy ran than another on the same batches: with x_{i,b} and y_{i,b} their tokens/s on
     batch b of timed round i (``mine``, ``theirs``: a list per round of a value per batch, each batch run by both in
     that round), (median over every i and b of x_{i,b} / y_{i,b}, [median over b of x_{i,b} / y_{i,b} for each round
     i]). A median of paired ratios, where a ratio of sums lets one generation slowed by a burst of another tenant's
     work weigh on its whole round."""
-    if len(mine) != len(theirs) or not mine or any(len(row) != len(other) or not row for row, other in zip(mine, theirs)):
-        raise ValueError(f"mine and theirs must hold as many rounds, each of as many batches (at least one), got {mine!r} and {theirs!r}")
-    ratios = [[x / y for x, y in zip(row, other)] for row, other in zip(mine, theirs)]
+    ratios = _paired_ratios(mine, theirs)
     return statistics.median(ratio for row in ratios for ratio in row), [statistics.median(row) for row in ratios]
+
+
+def paired_ratio_interval(
+    mine: list[list[float]], theirs: list[list[float]], level: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """A percentile bootstrap interval at ``level`` for ``paired_ratio``'s median of x_{i,b} / y_{i,b}: each of
+    ``resamples`` resamples draws the B batches with replacement, then for each drawn batch its I rounds with
+    replacement, and takes the median of the I·B ratios drawn; the interval holds the middle ``level`` of those medians
+    (its ends rounded outwards to resamples).
+
+    Two stages, because a batch is one set of prompts, shared by all its rounds (how far ahead its drafter reaches,
+    how long it runs), while its rounds differ by the machine's noise and, when sampling, by the draws: drawing every
+    (round, batch) pair alike would count one batch timed in four rounds as four batches and make the interval too
+    narrow wherever batches differ. Batches are drawn from a generator of their own, so that which batches a resample
+    holds depends on ``seed`` alone: a batch whose rounds all read one ratio counts as that one ratio, however many
+    rounds timed it. With one batch the interval spans what its rounds' medians can be (with two rounds, both
+    ratios); with one ratio, it is that ratio. Paired with a policy picked after the fact (the best static one), the
+    interval holds given that pick."""
+    ratios = _paired_ratios(mine, theirs)
+    if len({len(row) for row in ratios}) != 1:
+        raise ValueError(f"mine and theirs must hold as many batches in every round, got {mine!r} and {theirs!r}")
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ValueError(f"level must be a number in (0, 1), got {level!r}")
+    check_int("resamples", resamples, 1)
+    by_batch = [list(column) for column in zip(*ratios)]
+    rounds = len(ratios)
+    batch_draws, round_draws = random.Random(f"{seed}:batches"), random.Random(f"{seed}:rounds")
+    medians = []
+    for _ in range(resamples):
+        drawn = []
+        for batch in batch_draws.choices(by_batch, k=len(by_batch)):
+            drawn += round_draws.choices(batch, k=rounds)
+        medians.append(statistics.median(drawn))
+    medians.sort()
+    tail = (1 - level) / 2 * (resamples - 1)
+    return medians[math.floor(tail)], medians[math.ceil(resamples - 1 - tail)]
 
 
 #: ``benchmarks/bench_load.py``'s policies whose verify lengths read nothing of the step: DSpark is measured against the best of them.
 STATIC_POLICIES = ("plain", "mtp1", "fixed_gamma", "threshold")
 
 
+def best_static(entries: dict) -> str:
+    """The name of the static policy (``STATIC_POLICIES``) with the highest ``paired_vs_plain`` in one setting's
+    ``entries`` of a ``benchmarks/bench_load.py`` report."""
+    static = [name for name in STATIC_POLICIES if name in entries]
+    if not static:
+        raise ValueError(f"entries must hold a static policy, one of {STATIC_POLICIES}, got {sorted(entries)}")
+    return max(static, key=lambda name: entries[name]["paired_vs_plain"])
+
+
 def paired_vs_best_static(entries: dict, name: str = "dspark") -> float:
-    """Policy ``name``'s tokens/s over the best static policy's (``STATIC_POLICIES``; the best is the one with the
-    highest ``paired_vs_plain``), batch by batch: ``paired_ratio`` of their ``round_batch_tokens_per_s``. Where a
-    report's ``paired_vs_best_static`` divides two medians, each taken on its own median batch, this pairs every batch."""
-    best = max((static for static in STATIC_POLICIES if static in entries), key=lambda static: entries[static]["paired_vs_plain"])
-    return paired_ratio(entries[name]["round_batch_tokens_per_s"], entries[best]["round_batch_tokens_per_s"])[0]
+    """Policy ``name``'s tokens/s over the best static policy's (``best_static``), batch by batch: ``paired_ratio``
+    of their ``round_batch_tokens_per_s``. Where a report's ``paired_vs_best_static`` divides two medians, each taken
+    on its own median batch, this pairs every batch."""
+    return paired_ratio(entries[name]["round_batch_tokens_per_s"], entries[best_static(entries)]["round_batch_tokens_per_s"])[0]
+
+
+def _interval_text(interval: tuple[float, float]) -> str:
+    """An interval as a table cell shows it: its ends to two places."""
+    return f"{interval[0]:.2f}–{interval[1]:.2f}"
 
 
 def load_table(report: dict, drafter: str, prefix: str = "") -> str:
@@ -139,7 +196,9 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where the report has none. ``prefix``
     ``"decode_"`` gives the ratios of decoding alone, ``"paired_"`` the medians of per-batch ratios (``paired_ratio``),
     with DSpark's over the best static policy both as the report's ratio of two medians and, where the report keeps
-    every batch, paired batch by batch (``paired_vs_best_static``)."""
+    every batch, paired batch by batch (``paired_vs_best_static``), and then the 95% bootstrap intervals of DSpark's
+    paired ratios to plain decoding and to the best static policy (``paired_ratio_interval``): what the machine's
+    noise and the batches' spread leave of each median."""
     if prefix not in ("", "decode_", "paired_"):
         raise ValueError(f"prefix must be '', 'decode_' or 'paired_', got {prefix!r}")
     by_mode = report["results"].get(drafter)
@@ -165,6 +224,12 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
         columns["DSpark/best"] = lambda entries: f"{entries['dspark'][prefix + 'vs_best_static']:.2f}"
         if prefix == "paired_" and any("round_batch_tokens_per_s" in entries.get("dspark", {}) for entries in settings):
             columns["DSpark/best by batch"] = lambda entries: f"{paired_vs_best_static(entries):.2f}"
+            columns["DSpark/plain, 95%"] = lambda entries: _interval_text(
+                paired_ratio_interval(entries["dspark"]["round_batch_tokens_per_s"], entries["plain"]["round_batch_tokens_per_s"])
+            )
+            columns["DSpark/best, 95%"] = lambda entries: _interval_text(
+                paired_ratio_interval(entries["dspark"]["round_batch_tokens_per_s"], entries[best_static(entries)]["round_batch_tokens_per_s"])
+            )
         if "vllm_rule" in measured:
             columns["DSpark/vLLM"] = lambda entries: f"{entries['dspark'][prefix + 'vs_plain'] / entries['vllm_rule'][prefix + 'vs_plain']:.2f}"
         if any(prefix + "vs_plain_rounds" in entries.get("dspark", {}) for entries in settings):

@@ -314,3 +314,13 @@ def ragged_token_rows(draw, max_rows: int = 5, max_width: int = 30, vocab: int =
         begin.append(first)
         end.append(draw(st.integers(first, width)))
     return tokens, torch.tensor(begin), torch.tensor(end)
+
+
+@st.composite
+def paired_rates(draw, max_rounds: int = 4, max_batches: int = 6):
+    """(mine, theirs): two policies' tokens/s on the same batches, a list per timed round of a value per batch."""
+    rounds = draw(st.integers(1, max_rounds))
+    batches = draw(st.integers(1, max_batches))
+    rate = st.floats(0.5, 50.0, allow_nan=False, allow_infinity=False)
+    table = st.lists(st.lists(rate, min_size=batches, max_size=batches), min_size=rounds, max_size=rounds)
+    return draw(table), draw(table)

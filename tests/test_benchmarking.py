@@ -2,19 +2,23 @@
 
 import collections
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
 
 from dspark.benchmarking import (
-    across_categories, first_difference, generated_tokens, load_table, paired_ratio, paired_vs_best_static, run_strategy, write_json,
+    across_categories, best_static, first_difference, generated_tokens, load_table, paired_ratio, paired_ratio_interval, paired_vs_best_static,
+    run_strategy, write_json,
 )
 from dspark.drafters import PromptLookupDrafter
 from dspark.strategies import autoregressive
 from tests.conftest import left_padded_batch
+from tests.strategies import paired_rates
 
 SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py"))
 
@@ -151,6 +155,33 @@ def test_paired_table_pairs_dspark_with_the_best_static_policy_batch_by_batch():
     assert "DSpark/best by batch" not in load_table(report, "shipped")
 
 
+def test_paired_table_shows_the_intervals_of_dsparks_paired_ratios_to_plain_and_to_the_best_static_policy():
+    """Where a report keeps every batch, the paired table shows the 95% intervals of DSpark over plain and over the best static policy."""
+    report = _load_report()
+    entries = report["results"]["shipped"]["greedy"]["1"]
+    entries["plain"]["round_batch_tokens_per_s"] = [[10.0, 10.0, 10.0], [10.0, 10.0, 10.0]]
+    entries["mtp1"]["round_batch_tokens_per_s"] = [[10.0, 20.0, 40.0], [10.0, 20.0, 40.0]]
+    entries["dspark"]["round_batch_tokens_per_s"] = [[9.0, 22.0, 40.0], [11.0, 18.0, 44.0]]
+    lines = load_table(report, "shipped", "paired_").splitlines()
+    header, row = _cells(lines[1]), _cells(lines[3])
+    assert header.index("DSpark/plain, 95%") == header.index("DSpark/best by batch") + 1
+    assert best_static(entries) == "mtp1"
+    over_plain = paired_ratio_interval(entries["dspark"]["round_batch_tokens_per_s"], entries["plain"]["round_batch_tokens_per_s"])
+    over_best = paired_ratio_interval(entries["dspark"]["round_batch_tokens_per_s"], entries["mtp1"]["round_batch_tokens_per_s"])
+    assert over_plain != over_best
+    assert row[header.index("DSpark/plain, 95%")] == f"{over_plain[0]:.2f}–{over_plain[1]:.2f} / –"
+    assert row[header.index("DSpark/best, 95%")] == f"{over_best[0]:.2f}–{over_best[1]:.2f} / –"
+    assert _cells(lines[4])[header.index("DSpark/best, 95%")] == "– / –"
+
+
+def test_best_static_is_the_static_policy_fastest_paired_and_refuses_entries_without_one():
+    """best_static picks the static policy with the highest paired_vs_plain, never a dynamic one; entries without a static policy are a ValueError."""
+    entries = {name: {"paired_vs_plain": ratio} for name, ratio in (("plain", 1.0), ("mtp1", 1.1), ("fixed_gamma", 1.2), ("dspark", 1.3))}
+    assert best_static(entries) == "fixed_gamma"
+    with pytest.raises(ValueError, match="static policy.*'dspark'"):
+        best_static({"dspark": {"paired_vs_plain": 1.0}})
+
+
 def test_paired_ratio_is_the_median_of_per_batch_ratios():
     """paired_ratio gives the median of x/y over every round and batch, and each round's median."""
     overall, by_round = paired_ratio([[2.0, 3.0, 8.0], [1.0, 4.0, 5.0]], [[1.0, 2.0, 4.0], [1.0, 2.0, 2.0]])
@@ -171,6 +202,54 @@ def test_paired_ratio_refuses_rounds_or_batches_that_do_not_pair():
     for mine, theirs in (([[1.0]], [[1.0], [1.0]]), ([[1.0, 2.0]], [[1.0]]), ([], []), ([[]], [[]])):
         with pytest.raises(ValueError, match="mine and theirs"):
             paired_ratio(mine, theirs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(paired_rates())
+def test_paired_ratio_interval_lies_within_the_ratios_and_repeats_for_a_seed(rates):
+    """The interval's ends are ordered, lie between the least and the greatest paired ratio, and one seed gives one interval."""
+    mine, theirs = rates
+    ratios = [x / y for row, other in zip(mine, theirs) for x, y in zip(row, other)]
+    low, high = paired_ratio_interval(mine, theirs, resamples=200)
+    assert min(ratios) <= low <= high <= max(ratios)
+    assert paired_ratio_interval(mine, theirs, resamples=200) == (low, high)
+
+
+def test_paired_ratio_interval_of_one_ratio_is_that_ratio():
+    """Where every batch in every round reads one ratio, or one generation was timed, the interval is that ratio."""
+    assert paired_ratio_interval([[2.0]], [[1.0]]) == (2.0, 2.0)
+    assert paired_ratio_interval([[3.0, 6.0], [9.0, 12.0]], [[2.0, 4.0], [6.0, 8.0]]) == (1.5, 1.5)
+
+
+def test_paired_ratio_interval_counts_a_batch_once_however_many_rounds_timed_it():
+    """Eight batches whose four rounds each read the batch's one ratio give the interval of those batches timed once, wider than 32 batches'."""
+    values = [0.90, 0.94, 0.97, 0.99, 1.00, 1.03, 1.06, 1.12]
+    once = paired_ratio_interval([values], [[1.0] * 8])
+    assert paired_ratio_interval([values] * 4, [[1.0] * 8] * 4) == once
+    low, high = paired_ratio_interval([values * 4], [[1.0] * 32])
+    assert once[1] - once[0] > high - low
+
+
+def test_paired_ratio_interval_covers_the_true_median_about_as_often_as_its_level():
+    """Over 200 simulated runs of 8 batches by 2 rounds (a batch effect times round noise, true median 1), the 90% interval holds 1 in 80–97% of them."""
+    generator = random.Random(0)
+    covered = 0
+    for _ in range(200):
+        effects = [generator.lognormvariate(0.0, 0.05) for _ in range(8)]
+        mine = [[effect * generator.lognormvariate(0.0, 0.03) for effect in effects] for _ in range(2)]
+        low, high = paired_ratio_interval(mine, [[1.0] * 8] * 2, level=0.9, resamples=400, seed=generator.randrange(2**31))
+        covered += low <= 1.0 <= high
+    assert 0.80 <= covered / 200 <= 0.97
+
+
+def test_paired_ratio_interval_refuses_a_level_resamples_or_rounds_it_cannot_use():
+    """A level outside (0, 1), resamples below 1 and rounds of other numbers of batches are errors naming the argument and value."""
+    with pytest.raises(ValueError, match="level.*1.0"):
+        paired_ratio_interval([[1.0]], [[1.0]], level=1.0)
+    with pytest.raises(ValueError, match="resamples.*0"):
+        paired_ratio_interval([[1.0]], [[1.0]], resamples=0)
+    with pytest.raises(ValueError, match="as many batches in every round"):
+        paired_ratio_interval([[1.0, 2.0], [1.0]], [[1.0, 2.0], [1.0]])
 
 
 def test_load_table_refuses_what_it_cannot_show():
