@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import random
 import statistics
@@ -145,7 +146,9 @@ def paired_ratio_interval(
     ratios = _paired_ratios(mine, theirs)
     if len({len(row) for row in ratios}) != 1:
         raise ValueError(f"mine and theirs must hold as many batches in every round, got {mine!r} and {theirs!r}")
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+    if isinstance(level, bool) or not isinstance(level, numbers.Real):
+        raise TypeError(f"level must be a number in (0, 1), got {level!r}")
+    if not 0 < level < 1:
         raise ValueError(f"level must be a number in (0, 1), got {level!r}")
     check_int("resamples", resamples, 1)
     by_batch = [list(column) for column in zip(*ratios)]

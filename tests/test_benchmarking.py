@@ -243,9 +243,11 @@ def test_paired_ratio_interval_covers_the_true_median_about_as_often_as_its_leve
 
 
 def test_paired_ratio_interval_refuses_a_level_resamples_or_rounds_it_cannot_use():
-    """A level outside (0, 1), resamples below 1 and rounds of other numbers of batches are errors naming the argument and value."""
+    """A level outside (0, 1) or not a number, resamples below 1 and rounds of other numbers of batches are errors naming the argument and value."""
     with pytest.raises(ValueError, match="level.*1.0"):
         paired_ratio_interval([[1.0]], [[1.0]], level=1.0)
+    with pytest.raises(TypeError, match="level.*'0.9'"):
+        paired_ratio_interval([[1.0]], [[1.0]], level="0.9")
     with pytest.raises(ValueError, match="resamples.*0"):
         paired_ratio_interval([[1.0]], [[1.0]], resamples=0)
     with pytest.raises(ValueError, match="as many batches in every round"):
