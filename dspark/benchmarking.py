@@ -141,7 +141,8 @@ def paired_ratio_interval(
     narrow wherever batches differ. Batches are drawn from a generator of their own, so that which batches a resample
     holds depends on ``seed`` alone: a batch whose rounds all read one ratio counts as that one ratio, however many
     rounds timed it. With one batch the interval spans what its rounds' medians can be (with two rounds, both
-    ratios); with one ratio, it is that ratio. Paired with a policy picked after the fact (the best static one), the
+    ratios), which understates a noisy machine's spread: few rounds rarely show its slow spells. With one ratio, it is
+    that ratio. Paired with a policy picked after the fact (the best static one), the
     interval holds given that pick."""
     ratios = _paired_ratios(mine, theirs)
     if len({len(row) for row in ratios}) != 1:
