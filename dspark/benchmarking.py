@@ -23,8 +23,8 @@ import dspark
 from dspark.checks import check_int
 
 __all__ = [
-    "STATIC_POLICIES", "across_categories", "best_static", "first_difference", "generated_tokens", "load_table", "paired_ratio", "paired_ratio_interval",
-    "paired_vs_best_static", "run_strategy", "sweep", "write_json",
+    "STATIC_POLICIES", "across_categories", "best_static", "first_difference", "generated_tokens", "load_table", "log_ratio_spread", "noise_table", "pairs_needed", "paired_ratio",
+    "paired_ratio_interval", "paired_vs_best_static", "run_strategy", "sweep", "write_json",
 ]
 
 #: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names (``dspark_static``: in reports made before the
@@ -147,10 +147,7 @@ def paired_ratio_interval(
     ratios = _paired_ratios(mine, theirs)
     if len({len(row) for row in ratios}) != 1:
         raise ValueError(f"mine and theirs must hold as many batches in every round, got {mine!r} and {theirs!r}")
-    if isinstance(level, bool) or not isinstance(level, numbers.Real):
-        raise TypeError(f"level must be a number in (0, 1), got {level!r}")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be a number in (0, 1), got {level!r}")
+    _check_fraction("level", level)
     check_int("resamples", resamples, 1)
     by_batch = [list(column) for column in zip(*ratios)]
     rounds = len(ratios)
@@ -164,6 +161,43 @@ def paired_ratio_interval(
     medians.sort()
     tail = (1 - level) / 2 * (resamples - 1)
     return medians[math.floor(tail)], medians[math.ceil(resamples - 1 - tail)]
+
+
+def log_ratio_spread(mine: list[list[float]], theirs: list[list[float]]) -> float:
+    """The standard deviation s of log(x_{i,b} / y_{i,b}) over every round i and batch b (the pairs of
+    ``paired_ratio``; at least two). Of an A/A control, one policy timed twice, it is how far the machine's noise
+    alone moves one paired generation's ratio: what ``pairs_needed`` reads."""
+    logs = [math.log(ratio) for row in _paired_ratios(mine, theirs) for ratio in row]
+    if len(logs) < 2:
+        raise ValueError(f"mine and theirs must hold at least two pairs to spread, got {mine!r} and {theirs!r}")
+    return statistics.stdev(logs)
+
+
+def pairs_needed(spread: float, half_width: float, level: float = 0.95) -> int:
+    """How many paired generations n a median of paired ratios needs for its ``level`` interval to lie within
+    ×(1 ± ``half_width``), where one pair's log ratio has standard deviation ``spread`` (``log_ratio_spread`` of an
+    A/A control).
+
+    The median of n normal draws of standard deviation s has standard error √(π/2)·s/√n, so with z the normal
+    quantile at (1 + level)/2, n = ⌈(z·√(π/2)·s / log(1 + h))²⌉ (log(1 + h), the nearer end in logs). A floor, not
+    an estimate: it counts the machine's noise only, and batches whose true ratios differ widen the interval of
+    ``paired_ratio_interval`` further, whatever the number of rounds."""
+    if isinstance(spread, bool) or not isinstance(spread, numbers.Real):
+        raise TypeError(f"spread must be a number >= 0, got {spread!r}")
+    if not 0 <= spread < math.inf:
+        raise ValueError(f"spread must be a number >= 0, got {spread!r}")
+    _check_fraction("half_width", half_width)
+    _check_fraction("level", level)
+    z = statistics.NormalDist().inv_cdf((1 + level) / 2)
+    return max(1, math.ceil((z * math.sqrt(math.pi / 2) * spread / math.log1p(half_width)) ** 2))
+
+
+def _check_fraction(name: str, value) -> None:
+    """``value`` must be a real number strictly between 0 and 1: a ``TypeError`` or ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in (0, 1), got {value!r}")
+    if not 0 < value < 1:
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
 
 
 #: ``benchmarks/bench_load.py``'s policies whose verify lengths read nothing of the step: DSpark is measured against the best of them.
@@ -214,15 +248,6 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     measured = dict.fromkeys(name for entries in settings for name in entries if name != "plain")
     policies = [name for name in _POLICY_TITLES if name in measured] + [name for name in measured if name not in _POLICY_TITLES]
 
-    def cell(c: str, read) -> str:
-        figures = []
-        for mode in modes:
-            try:
-                figures.append(read(by_mode[mode][c]))
-            except KeyError:  # a setting, policy or field this report does not hold
-                figures.append(_MISSING)
-        return " / ".join(figures)
-
     columns = {_POLICY_TITLES.get(name, name): (lambda entries, name=name: f"{entries[name][prefix + 'vs_plain']:.2f}") for name in policies}
     if "dspark" in measured:
         columns["DSpark/best"] = lambda entries: f"{entries['dspark'][prefix + 'vs_best_static']:.2f}"
@@ -244,8 +269,53 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
         columns["DSpark ℓ"] = lambda entries: f"{entries['dspark']['mean_verify_length']:.2f}"
         if any("drafted_share" in entries.get("dspark", {}) for entries in settings):
             columns["DSpark drafted"] = lambda entries: f"{entries['dspark']['drafted_share']:.2f}"
-    header = ["c", *columns]
-    body = [[c, *(cell(c, read) for read in columns.values())] for c in concurrencies]
+    return _rst_table(["c", *columns], [[c, *(_mode_cell(by_mode, c, read) for read in columns.values())] for c in concurrencies])
+
+
+def noise_table(report: dict, drafter: str, half_widths: tuple[float, ...] = (0.03, 0.02)) -> str:
+    """What the A/A control (``plain_again``) of one drafter's part of a ``benchmarks/bench_load.py`` report says
+    about the machine, as an RST table, a row per concurrency c: the control's ``log_ratio_spread`` against plain
+    decoding, the pairs each setting timed (rounds × batches) and, for each of ``half_widths``, the ``pairs_needed``
+    for a 95% interval within ×(1 ± h). A cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where
+    the report has none (no control, one pair, or no such setting)."""
+    by_mode = report["results"].get(drafter)
+    if not by_mode:
+        raise ValueError(f"drafter {drafter!r} is not in the report; it has {sorted(report['results'])}")
+    for half_width in half_widths:
+        _check_fraction("half_widths", half_width)
+    modes = list(by_mode)
+    concurrencies = list(dict.fromkeys(c for mode in modes for c in by_mode[mode]))
+
+    def spread(entries: dict) -> float:
+        return log_ratio_spread(entries["plain_again"]["round_batch_tokens_per_s"], entries["plain"]["round_batch_tokens_per_s"])
+
+    columns = {
+        "A/A spread": lambda entries: f"{spread(entries):.3f}",
+        "pairs timed": lambda entries: str(sum(len(row) for row in entries["plain"]["round_batch_tokens_per_s"])),
+        **{
+            f"pairs for ±{100 * half_width:g}%": (lambda entries, half_width=half_width: str(pairs_needed(spread(entries), half_width)))
+            for half_width in half_widths
+        },
+    }
+
+    absent = (KeyError, ValueError)  # a setting without the control, or one pair, which has no spread
+    return _rst_table(["c", *columns], [[c, *(_mode_cell(by_mode, c, read, absent) for read in columns.values())] for c in concurrencies])
+
+
+def _mode_cell(by_mode: dict, c: str, read, absent: tuple = (KeyError,)) -> str:
+    """One table cell: ``read`` of setting c's entries in each mode of ``by_mode``, joined ``greedy / temperature 1``,
+    ``–`` for a mode where reading raises one of ``absent`` (a setting, policy or field this report does not hold)."""
+    figures = []
+    for entries in by_mode.values():
+        try:
+            figures.append(read(entries[c]))
+        except absent:
+            figures.append(_MISSING)
+    return " / ".join(figures)
+
+
+def _rst_table(header: list[str], body: list[list[str]]) -> str:
+    """A simple RST table of ``header`` and the rows of ``body``, each column as wide as its widest cell."""
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     rule = "  ".join("=" * width for width in widths)
     lines = [rule, "  ".join(text.ljust(width) for text, width in zip(header, widths)).rstrip(), rule]

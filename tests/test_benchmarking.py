@@ -2,7 +2,9 @@
 
 import collections
 import json
+import math
 import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +14,8 @@ import torch
 from hypothesis import given, settings
 
 from dspark.benchmarking import (
-    across_categories, best_static, first_difference, generated_tokens, load_table, paired_ratio, paired_ratio_interval, paired_vs_best_static,
-    run_strategy, write_json,
+    across_categories, best_static, first_difference, generated_tokens, load_table, log_ratio_spread, noise_table, pairs_needed, paired_ratio,
+    paired_ratio_interval, paired_vs_best_static, run_strategy, write_json,
 )
 from dspark.drafters import PromptLookupDrafter
 from dspark.strategies import autoregressive
@@ -252,6 +254,83 @@ def test_paired_ratio_interval_refuses_a_level_resamples_or_rounds_it_cannot_use
         paired_ratio_interval([[1.0]], [[1.0]], resamples=0)
     with pytest.raises(ValueError, match="as many batches in every round"):
         paired_ratio_interval([[1.0, 2.0], [1.0]], [[1.0, 2.0], [1.0]])
+
+
+@settings(max_examples=40, deadline=None)
+@given(paired_rates())
+def test_log_ratio_spread_is_the_standard_deviation_of_the_log_paired_ratios(rates):
+    """log_ratio_spread is the sample standard deviation of log(x/y) over every round and batch, or a ValueError for a single pair."""
+    mine, theirs = rates
+    logs = [math.log(x / y) for row, other in zip(mine, theirs) for x, y in zip(row, other)]
+    if len(logs) < 2:
+        with pytest.raises(ValueError, match="at least two pairs"):
+            log_ratio_spread(mine, theirs)
+    else:
+        assert log_ratio_spread(mine, theirs) == pytest.approx(statistics.stdev(logs), abs=1e-12)
+
+
+def test_log_ratio_spread_of_an_a_a_pair_that_ran_alike_is_zero():
+    """Two policies that ran every batch at the same speed, whatever that speed, spread by nothing."""
+    assert log_ratio_spread([[3.0, 5.0], [4.0, 6.0]], [[3.0, 5.0], [4.0, 6.0]]) == 0.0
+
+
+def test_pairs_needed_follows_the_medians_standard_error():
+    """pairs_needed is ⌈(z·√(π/2)·s / log(1 + h))²⌉: 261 pairs for s = 0.13 and ±2% at 95%; four times as many for twice the spread."""
+    assert pairs_needed(0.13, 0.02) == 261
+    assert pairs_needed(0.1, 0.03) == 70
+    assert pairs_needed(0.2, 0.03) == 277
+    assert pairs_needed(0.1, 0.03, level=0.5) < pairs_needed(0.1, 0.03) < pairs_needed(0.1, 0.03, level=0.99)
+    assert pairs_needed(0.0, 0.03) == 1
+
+
+def test_pairs_needed_puts_the_median_within_the_half_width_about_as_often_as_its_level():
+    """Over 1000 simulated runs of pairs_needed(0.1, 0.03) normal log ratios, the median lies within ×(1 ± 3%) in 92–98.5% of them; with half as many, in under 90%."""
+    generator = random.Random(0)
+    pairs = pairs_needed(0.1, 0.03)
+
+    def share_within(count: int) -> float:
+        medians = [statistics.median(generator.gauss(0.0, 0.1) for _ in range(count)) for _ in range(1000)]
+        return sum(abs(median) <= math.log1p(0.03) for median in medians) / 1000
+
+    assert 0.92 <= share_within(pairs) <= 0.985
+    assert share_within(pairs // 2) < 0.90
+
+
+def test_pairs_needed_refuses_a_spread_half_width_or_level_it_cannot_use():
+    """A negative or infinite spread, a half-width or level outside (0, 1), and non-numbers are errors naming the argument and value."""
+    with pytest.raises(ValueError, match="spread.*-0.1"):
+        pairs_needed(-0.1, 0.03)
+    with pytest.raises(ValueError, match="spread.*inf"):
+        pairs_needed(math.inf, 0.03)
+    with pytest.raises(TypeError, match="spread.*'0.1'"):
+        pairs_needed("0.1", 0.03)
+    with pytest.raises(ValueError, match="half_width.*0"):
+        pairs_needed(0.1, 0)
+    with pytest.raises(TypeError, match="level.*True"):
+        pairs_needed(0.1, 0.03, level=True)
+
+
+def test_noise_table_shows_the_a_a_controls_spread_the_pairs_timed_and_the_pairs_needed():
+    """noise_table gives a row per c: the control's spread against plain decoding, the pairs timed and pairs_needed at ±3% and ±2%, per mode."""
+    report = _load_report()
+    for mode, control in (("greedy", [[3.0, 3.3], [3.6, 3.0]]), ("temperature_1", [[3.0, 3.0], [3.0, 3.0]])):
+        report["results"]["shipped"][mode]["1"]["plain"]["round_batch_tokens_per_s"] = [[3.0, 3.0], [3.0, 3.0]]
+        report["results"]["shipped"][mode]["1"]["plain_again"] = _load_entry(1.0, [1.0, 1.0]) | {"round_batch_tokens_per_s": control}
+    spread = log_ratio_spread([[3.0, 3.3], [3.6, 3.0]], [[3.0, 3.0], [3.0, 3.0]])
+    lines = noise_table(report, "shipped").splitlines()
+    assert _cells(lines[1]) == ["c", "A/A spread", "pairs timed", "pairs for ±3%", "pairs for ±2%"]
+    assert _cells(lines[3]) == [
+        "1", f"{spread:.3f} / 0.000", "4 / 4", f"{pairs_needed(spread, 0.03)} / 1", f"{pairs_needed(spread, 0.02)} / 1",
+    ]
+    assert _cells(lines[4]) == ["4", "– / –", "– / –", "– / –", "– / –"]  # no control timed at c = 4
+
+
+def test_noise_table_refuses_an_unknown_drafter_or_half_width():
+    """An unknown drafter or a half-width outside (0, 1) is a ValueError naming it."""
+    with pytest.raises(ValueError, match="'prompt_lookup'"):
+        noise_table(_load_report(), "prompt_lookup")
+    with pytest.raises(ValueError, match="half_widths.*1.5"):
+        noise_table(_load_report(), "shipped", half_widths=(1.5,))
 
 
 def test_load_table_refuses_what_it_cannot_show():
