@@ -23,8 +23,8 @@ import dspark
 from dspark.checks import check_int
 
 __all__ = [
-    "STATIC_POLICIES", "across_categories", "best_static", "first_difference", "generated_tokens", "load_table", "log_ratio_spread", "noise_table", "pairs_needed", "paired_ratio",
-    "paired_ratio_interval", "paired_vs_best_static", "run_strategy", "sweep", "write_json",
+    "STATIC_POLICIES", "across_categories", "best_static", "first_difference", "generated_tokens", "load_table", "log_ratio_spread",
+    "noise_table", "pairs_needed", "paired_ratio", "paired_ratio_interval", "paired_vs_best_static", "run_strategy", "sweep", "write_json",
 ]
 
 #: How ``load_table`` heads the policies ``benchmarks/bench_load.py`` names (``dspark_static``: in reports made before the
