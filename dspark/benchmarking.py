@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 import dspark
-from dspark.checks import check_int
+from dspark.checks import check_fraction, check_int
 
 __all__ = [
     "STATIC_POLICIES", "across_categories", "best_static", "first_difference", "generated_tokens", "load_table", "log_ratio_spread",
@@ -147,7 +147,7 @@ def paired_ratio_interval(
     ratios = _paired_ratios(mine, theirs)
     if len({len(row) for row in ratios}) != 1:
         raise ValueError(f"mine and theirs must hold as many batches in every round, got {mine!r} and {theirs!r}")
-    _check_fraction("level", level)
+    check_fraction("level", level, include_one=False)
     check_int("resamples", resamples, 1)
     by_batch = [list(column) for column in zip(*ratios)]
     rounds = len(ratios)
@@ -186,18 +186,10 @@ def pairs_needed(spread: float, half_width: float, level: float = 0.95) -> int:
         raise TypeError(f"spread must be a number >= 0, got {spread!r}")
     if not 0 <= spread < math.inf:
         raise ValueError(f"spread must be a number >= 0, got {spread!r}")
-    _check_fraction("half_width", half_width)
-    _check_fraction("level", level)
+    check_fraction("half_width", half_width, include_one=False)
+    check_fraction("level", level, include_one=False)
     z = statistics.NormalDist().inv_cdf((1 + level) / 2)
     return max(1, math.ceil((z * math.sqrt(math.pi / 2) * spread / math.log1p(half_width)) ** 2))
-
-
-def _check_fraction(name: str, value) -> None:
-    """``value`` must be a real number strictly between 0 and 1: a ``TypeError`` or ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number in (0, 1), got {value!r}")
-    if not 0 < value < 1:
-        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
 
 
 #: ``benchmarks/bench_load.py``'s policies whose verify lengths read nothing of the step: DSpark is measured against the best of them.
@@ -239,12 +231,8 @@ def load_table(report: dict, drafter: str, prefix: str = "") -> str:
     noise and the batches' spread leave of each median."""
     if prefix not in ("", "decode_", "paired_"):
         raise ValueError(f"prefix must be '', 'decode_' or 'paired_', got {prefix!r}")
-    by_mode = report["results"].get(drafter)
-    if not by_mode:
-        raise ValueError(f"drafter {drafter!r} is not in the report; it has {sorted(report['results'])}")
-    modes = list(by_mode)
-    settings = [entries for mode in modes for entries in by_mode[mode].values()]
-    concurrencies = list(dict.fromkeys(c for mode in modes for c in by_mode[mode]))
+    by_mode, concurrencies = _drafter_settings(report, drafter)
+    settings = [entries for by_c in by_mode.values() for entries in by_c.values()]
     measured = dict.fromkeys(name for entries in settings for name in entries if name != "plain")
     policies = [name for name in _POLICY_TITLES if name in measured] + [name for name in measured if name not in _POLICY_TITLES]
 
@@ -278,13 +266,9 @@ def noise_table(report: dict, drafter: str, half_widths: tuple[float, ...] = (0.
     decoding, the pairs each setting timed (rounds × batches) and, for each of ``half_widths``, the ``pairs_needed``
     for a 95% interval within ×(1 ± h). A cell holds one figure per mode, ``greedy / temperature 1``, and ``–`` where
     the report has none (no control, one pair, or no such setting)."""
-    by_mode = report["results"].get(drafter)
-    if not by_mode:
-        raise ValueError(f"drafter {drafter!r} is not in the report; it has {sorted(report['results'])}")
+    by_mode, concurrencies = _drafter_settings(report, drafter)
     for half_width in half_widths:
-        _check_fraction("half_widths", half_width)
-    modes = list(by_mode)
-    concurrencies = list(dict.fromkeys(c for mode in modes for c in by_mode[mode]))
+        check_fraction("half_widths", half_width, include_one=False)
 
     def spread(entries: dict) -> float:
         return log_ratio_spread(entries["plain_again"]["round_batch_tokens_per_s"], entries["plain"]["round_batch_tokens_per_s"])
@@ -300,6 +284,15 @@ def noise_table(report: dict, drafter: str, half_widths: tuple[float, ...] = (0.
 
     absent = (KeyError, ValueError)  # a setting without the control, or one pair, which has no spread
     return _rst_table(["c", *columns], [[c, *(_mode_cell(by_mode, c, read, absent) for read in columns.values())] for c in concurrencies])
+
+
+def _drafter_settings(report: dict, drafter: str) -> tuple[dict, list[str]]:
+    """(mode → c → entries, every c in any mode, in order) of one drafter's part of a ``benchmarks/bench_load.py``
+    report; a ValueError naming the drafter where the report has none."""
+    by_mode = report["results"].get(drafter)
+    if not by_mode:
+        raise ValueError(f"drafter {drafter!r} is not in the report; it has {sorted(report['results'])}")
+    return by_mode, list(dict.fromkeys(c for by_c in by_mode.values() for c in by_c))
 
 
 def _mode_cell(by_mode: dict, c: str, read, absent: tuple = (KeyError,)) -> str:

@@ -49,12 +49,14 @@ def check_seconds(name: str, value) -> float:
     return float(value)
 
 
-def check_fraction(name: str, value) -> float:
-    """``value`` as a float if it is a real number in (0, 1] (a smoothing weight, a share)."""
+def check_fraction(name: str, value, include_one: bool = True) -> float:
+    """``value`` as a float if it is a real number in (0, 1] (a smoothing weight, a share), or in (0, 1) without
+    ``include_one`` (a confidence level, an interval's relative half-width)."""
+    allowed = "(0, 1]" if include_one else "(0, 1)"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number in (0, 1], got {value!r}")
-    if not 0 < value <= 1:
-        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+        raise TypeError(f"{name} must be a number in {allowed}, got {value!r}")
+    if not (0 < value <= 1 if include_one else 0 < value < 1):
+        raise ValueError(f"{name} must be a number in {allowed}, got {value!r}")
     return float(value)
 
 

@@ -29,6 +29,14 @@ def test_check_fraction_refuses_values_outside_zero_to_one_and_non_numbers(value
     assert check_fraction("share", 1) == 1.0 and isinstance(check_fraction("share", 1), float) and check_fraction("share", 0.01) == 0.01
 
 
+@pytest.mark.parametrize("value, error", [(0, ValueError), (1, ValueError), (1.0, ValueError), (True, TypeError), ("0.5", TypeError)])
+def test_check_fraction_without_one_refuses_one_too(value, error):
+    """With include_one=False, 1 is refused as well, and the message says (0, 1); values inside come back as floats."""
+    with pytest.raises(error, match=rf"level must be a number in \(0, 1\), got {value!r}"):
+        check_fraction("level", value, include_one=False)
+    assert check_fraction("level", 0.95, include_one=False) == 0.95
+
+
 def test_deprecated_alias_reads_the_new_name_and_warns():
     """A deprecated alias returns the renamed attribute's value with a DeprecationWarning naming both names."""
 
