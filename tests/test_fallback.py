@@ -333,6 +333,48 @@ def test_the_gain_of_a_step_is_the_expected_acceptance_of_what_was_verified():
     assert verified_gain(record([0], [True], [2], [1])).tolist() == [1.0]
 
 
+def test_the_gain_at_a_depth_counts_only_the_first_positions():
+    """At depth 1 a row's gain is c_1 where it verified a token (0 where it verified none), and without survival its
+    accepted count capped at 1; a depth below 1 is refused."""
+    survival = torch.tensor([[0.5, 0.5, 0.5], [0.9, 0.1, 0.9], [1.0, 1.0, 1.0]])
+    step = record([0, 1, 2], [True, True, True], [2, 3, 0], [0, 1, 0], survival=survival)
+    assert torch.allclose(verified_gain(step, depth=1), torch.tensor([0.5, 0.9, 0.0], dtype=torch.float64))
+    assert torch.allclose(verified_gain(step, depth=2), torch.tensor([0.75, 0.99, 0.0], dtype=torch.float64))
+    assert verified_gain(record([0], [True], [2], [2]), depth=1).tolist() == [1.0]
+    with pytest.raises(ValueError, match="depth must be an int >= 1, got 0"):
+        verified_gain(step, depth=0)
+
+
+def test_a_row_whose_own_depth_does_not_pay_is_offered_one_token_where_its_first_position_pays():
+    """At T(1, w) = 1 + 0.3·(w − 1) and D(1, d) = 0.05·d, a row that gained 0.6 verifying 2 tokens a step
+    (Θ = 1.6 / (0.1 + 1.6) < 1) and 0.45 from its first positions (Θ = 1.45 / (0.05 + 1.3) > 1) is drafted one token
+    deep from its first step on; one whose first positions gained 0.3 (1.3 / 1.35) is probed at its first step (its own
+    depth and the margin's exploring token) and not drafted after it."""
+    for first_gain, first_step, expected in ((0.45, [1], [1]), (0.3, [3], [0])):
+        fallback = GoodputFallback(probe_after=8)
+        fallback.prior.update("greedy", 1, [0.6], [2], first_gains=[first_gain])
+        run = fallback.start(start(1), DepthCosts(widen=0.3, per_depth=0.05))
+        rows = torch.tensor([0])
+        assert run.draft_rows(rows).tolist() == first_step
+        survival = torch.tensor([[first_gain, 0.6 / first_gain - 1, 0.5]])  # a_1 = g¹, a_1 + a_2 = 0.6
+        run.observe(record([0], [True], [2], [1], survival=survival))
+        assert (run.gain[0], run.verify[0], run.first_gain[0]) == pytest.approx((0.6, 2.0, first_gain))
+        assert run.draft_rows(rows).tolist() == expected
+    assert run.predicted_gain([0], [True], [1], shallow=True) == pytest.approx(1.3 * fallback.prior.realised_ratio("greedy") / 1.35 - 1, abs=0.01)
+
+
+def test_a_row_whose_own_depth_pays_is_drafted_that_deep():
+    """The one-token offer is made only when the rows' own depths draft for none: a row that gained 1.2 verifying 2
+    tokens a step (Θ = 2.2 / 1.7) is drafted 2 deep, though its first positions gained as much as one token can."""
+    fallback = GoodputFallback(probe_after=8)
+    fallback.prior.update("greedy", 1, [1.2], [2], first_gains=[1.0])
+    run = fallback.start(start(1), DepthCosts(widen=0.3, per_depth=0.05))
+    rows = torch.tensor([0])
+    run.draft_rows(rows)
+    run.observe(record([0], [True], [2], [2], survival=torch.tensor([[1.0, 0.2, 0.5]])))
+    assert run.draft_rows(rows).tolist() == [2]
+
+
 def test_rows_are_not_reprobed_where_enough_drafted_rows_gained_nothing():
     """Where 8 drafted rows at this batch size gained nothing, skipped rows are never probed again (after 7 they
     still are: too little to rule probes out); once a row there has gained enough to pay, probing resumes."""
@@ -510,11 +552,12 @@ def test_a_choice_to_draft_nothing_stands_until_what_it_read_changes():
     assert step() == [True, True]  # nothing known yet; g = 0 from now on
     assert step() == [False, False]  # this step also learns the idle time
     fallback.calls.clear()
-    assert [step() for _ in range(3)] == [[False, False]] * 3 and len(fallback.calls) == 1
-    fallback.prior.update("greedy", 2, torch.tensor([0.5]), torch.tensor([1]))
+    # One choice evaluates the rule twice: at the rows' own depths, then the one-token offer.
     assert [step() for _ in range(3)] == [[False, False]] * 3 and len(fallback.calls) == 2
+    fallback.prior.update("greedy", 2, torch.tensor([0.5]), torch.tensor([1]))
+    assert [step() for _ in range(3)] == [[False, False]] * 3 and len(fallback.calls) == 4
     # due after 8 skipped steps, and a probe could now pay
-    assert [step() for _ in range(2)] == [[False, False], [True, True]] and len(fallback.calls) >= 3
+    assert [step() for _ in range(2)] == [[False, False], [True, True]] and len(fallback.calls) >= 5
 
 
 def test_draft_depths_reads_every_form_of_answer():
@@ -698,6 +741,19 @@ def test_the_priors_gain_is_the_mean_of_its_first_steps_then_smoothed():
     assert prior.get("greedy", 16)[0] == pytest.approx(1 / 21)
 
 
+def test_the_priors_first_position_gain_is_smoothed_like_its_gain():
+    """g¹ is the mean of the first steps' first-position gains, then smoothed with g's weight; None until an update
+    passes some; one value per drafted row or a ValueError naming the count."""
+    prior = GainPrior(smoothing=0.25)
+    prior.update("greedy", 2, [1.0], [1])
+    assert prior.first_gain("greedy", 2) is None
+    for first, expected in ((0.4, 0.4), (0.0, 0.2), (0.5, 0.3), (1.0, 0.475), (0.0, 0.35625)):
+        prior.update("greedy", 2, [1.0], [1], first_gains=[first])
+        assert prior.first_gain("greedy", 2) == pytest.approx(expected)
+    with pytest.raises(ValueError, match=r"first_gains must hold one value per drafted row \(2\), got 1"):
+        prior.update("greedy", 2, [1.0, 1.0], [1, 1], first_gains=[0.5])
+
+
 @pytest.mark.parametrize(("memory", "drafted"), [((0.05, 0.98), False), (None, True)])
 def test_one_prompt_that_accepts_nothing_does_not_price_the_next_prompts_rows_out(memory, drafted):
     """After 150 drafted steps that accepted the 0.5 a step predicted, then 60 that accepted none of it, a new row
@@ -753,10 +809,10 @@ def test_a_pass_after_skipped_steps_teaches_their_catch_up_which_then_prices_res
     for _ in range(3):
         run.observe(record([0], [False], [0], [0], draft_seconds=0.0))
     assert run.resume_draft_time(1) == pytest.approx(0.4) and run.avoidable_draft_time(1) == pytest.approx(0.1)
-    run.gain[0] = 0.3
+    run.gain[0] = run.first_gain[0] = 0.3  # one token verified a step: its first position is all it gains
     assert run.draft_rows(torch.tensor([0])).tolist() == [0]
     run.observe(record([0], [True], [1], [1], draft_seconds=0.1 + 0.3))
-    run.gain[0] = 0.3
+    run.gain[0] = run.first_gain[0] = 0.3
     assert run.draft_rows(torch.tensor([0])).tolist() != [0]
 
 

@@ -96,6 +96,18 @@ verified whole, costs no more than the d-deep one verified whole, D(R, d') + T(R
 slow path on some CPUs), a shallow draft would keep the scheduler from the cheaper width, and what the
 deeper positions cost to draft is less than what that width saves.
 
+A row kept out at its own depth is offered one token: when the choice above drafts for no row, it is made again
+(``GoodputFallbackRun._shallow_choice``) with every row one token deep, on ĝ¹_r, what its first positions alone
+gained (g¹_r: ``verified_gain`` at depth 1, a_{r,1} on steps where the scheduler verified a token, min(n_r, 1) without
+an estimator; smoothed like g_r and pulled towards the prior's g¹ as g_r is towards ḡ), scaled by ρ, at widths
+min(v_r, 1) and D one token deep; the rows it chooses are drafted one token deep, with no exploring token. Because
+λ_r and g_r describe the depth the scheduler has been verifying, and a row kept out learns nothing: estimates formed
+where deeper tokens were overrated keep a row out at a depth where one token would pay. At one row and temperature 1,
+one prompt whose survivals overstated its drafts about fourfold (12 tokens accepted of about 50 expected) left the
+prior at g 0.62, λ 1.55 and ρ 0.65; priced at a three-token step, the next four prompts drafted on 4, 2, 2 and 24 of
+their 63, 63, 64 and 56 steps, where MTP-1, one token on every step, ran ahead of plain decoding on them (a probe,
+not kept). Drafted one deep, the row's own λ_r falls to what it verifies and the rule at its own depth takes over.
+
 A row's first estimate is the gain drafted rows have shown at this batch size and sampling band in
 earlier generations (``GainPrior``, kept by the ``GoodputFallback``): what a drafting pass gains depends
 on how much the scheduler verifies, which depends on R, and probing every row of a new batch costs a
@@ -153,7 +165,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 
-from dspark.checks import int_at_least
+from dspark.checks import check_int, int_at_least
 from dspark.protocols import CostModel
 from dspark.stats import StepRecord
 from dspark.types import GenerationStart
@@ -189,12 +201,17 @@ def reach_depth(depth: int, step_costs: Sequence[float]) -> int:
     return max(deeper for deeper in range(depth, len(step_costs) + 1) if step_costs[deeper - 1] <= bound)
 
 
-def verified_gain(record: StepRecord) -> torch.Tensor:
-    """Per row of a step, DoubleTensor[R]: Σ_{j≤ℓ_r} a_{r,j} from the record's survival, else the accepted count."""
+def verified_gain(record: StepRecord, depth: int | None = None) -> torch.Tensor:
+    """Per row of a step, DoubleTensor[R]: Σ_{j≤ℓ_r} a_{r,j} from the record's survival, else the accepted count;
+    with ``depth``, of the first ``depth`` positions only (what a draft that deep would have gained: ℓ_r and n_r
+    capped at it)."""
+    if depth is not None:
+        check_int("depth", depth, 1)
+    verify_lengths = record.verify_lengths if depth is None else record.verify_lengths.clamp_max(depth)
     if record.survival is None or record.survival.shape[1] == 0:
-        return record.accepted.double()
+        return (record.accepted if depth is None else record.accepted.clamp_max(depth)).double()
     prefix = record.survival.double().cumprod(dim=1)
-    verified = torch.arange(1, prefix.shape[1] + 1)[None, :] <= record.verify_lengths[:, None]
+    verified = torch.arange(1, prefix.shape[1] + 1)[None, :] <= verify_lengths[:, None]
     return (prefix * verified).sum(dim=1)
 
 
@@ -279,8 +296,8 @@ class GainPrior:
     """Per sampling band and batch-size bucket (``band_of``; R rounded up to a power of two, so that a batch
     whose rows finish one by one keeps its prior), over every generation of
     one ``GoodputFallback``: the smoothed gain g and verify length λ of drafted rows (a new row's first
-    estimate), and the largest gain one row showed in a step, with its verify length (the probe ceiling);
-    the probe interval its rows last reached; how many generations in a row ran as plain decoding, and how many
+    estimate) and the gain g¹ of their first positions alone (the one-token offer's), and the largest gain one
+    row showed in a step, with its verify length (the probe ceiling); the probe interval its rows last reached; how many generations in a row ran as plain decoding, and how many
     may before one is probed (module docstring); per sampling band, the realised ratio ρ of accepted tokens to
     their expected count; the catch-up rates of the latest passes.
 
@@ -302,6 +319,8 @@ class GainPrior:
                 raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
         self.smoothing, self.realised_discount = smoothing, realised_discount
         self.estimates: dict[tuple[str, int], tuple[float, float]] = {}
+        self.first_estimates: dict[tuple[str, int], float] = {}  # the gain of drafted rows' first positions alone
+        self.first_updates: dict[tuple[str, int], int] = {}  # steps with first-position gains observed per key
         self.ceilings: dict[tuple[str, int], tuple[float, float]] = {}
         self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
         self.intervals: dict[tuple[str, int], int] = {}
@@ -315,6 +334,11 @@ class GainPrior:
     def get(self, band: str, rows: int) -> tuple[float, float] | None:
         """(g, λ) in this band at this batch size, None before any drafted row was observed there."""
         return self.estimates.get((band, _size_bucket(rows)))
+
+    def first_gain(self, band: str, rows: int) -> float | None:
+        """g¹ in this band at this batch size: what drafted rows' first positions gained (``verified_gain`` at depth 1),
+        None before any update passed ``first_gains``."""
+        return self.first_estimates.get((band, _size_bucket(rows)))
 
     def ceiling(self, band: str, rows: int) -> tuple[float, float] | None:
         """(the largest gain of one row in one step, its verify length) there, None before any was observed."""
@@ -383,12 +407,17 @@ class GainPrior:
     def update(
         self, band: str, rows: int, gains: Sequence[float] | torch.Tensor, verify_lengths: Sequence[float] | torch.Tensor,
         accepted: Sequence[float] | torch.Tensor | None = None, first_steps: int | None = None,
+        first_gains: Sequence[float] | torch.Tensor | None = None,
     ) -> None:
         """Smooth in the mean outcome of one step's drafted rows of a batch of ``rows`` rows (``gains``, ``verify_lengths``:
         one value per drafted row, lists or 1-D tensors); raise the ceiling; with ``accepted`` (the rows' accepted
         counts n_r), add them and the expected ``gains`` to ρ's sums. ``first_steps``: how many of these rows drafted
-        for the first time in their generation, what the ceiling's evidence counts (None: all of them)."""
+        for the first time in their generation, what the ceiling's evidence counts (None: all of them).
+        ``first_gains``: the same rows' gains from their first positions alone, smoothed alike into g¹ (``first_gain``)."""
         gains, verify_lengths = _host_values(gains), _host_values(verify_lengths)
+        first_gains = None if first_gains is None else _host_values(first_gains)
+        if first_gains is not None and len(first_gains) != len(gains):
+            raise ValueError(f"first_gains must hold one value per drafted row ({len(gains)}), got {len(first_gains)}")
         if first_steps is not None and (isinstance(first_steps, bool) or not isinstance(first_steps, int) or not 0 <= first_steps <= len(gains)):
             raise ValueError(f"first_steps must be an int in [0, {len(gains)}] (the drafted rows), got {first_steps!r}")
         if accepted is not None:
@@ -404,6 +433,11 @@ class GainPrior:
         weight = _new_step_weight(self.updates[key], self.smoothing)
         known = self.estimates.get(key, observed)
         self.estimates[key] = tuple(old + weight * (new - old) for old, new in zip(known, observed))
+        if first_gains is not None:
+            self.first_updates[key] = self.first_updates.get(key, 0) + 1
+            first = sum(first_gains) / len(first_gains)
+            known_first = self.first_estimates.get(key, first)
+            self.first_estimates[key] = known_first + _new_step_weight(self.first_updates[key], self.smoothing) * (first - known_first)
         best = gains.index(max(gains))
         if key not in self.ceilings or gains[best] > self.ceilings[key][0]:
             self.ceilings[key] = (float(gains[best]), float(verify_lengths[best]))
@@ -498,6 +532,7 @@ class GoodputFallbackRun:
         self.priority = [1.0] * batch if generation.priority is None else generation.priority.detach().double().cpu().tolist()
         self.gain = [0.0] * batch
         self.verify = [0.0] * batch
+        self.first_gain: list[float | None] = [None] * batch  # g¹_r: the gain of its first positions alone (None: unknown)
         # Per row: the smoothed ratio of its drafted steps' time to a one-token step's, T(R, 1 + ℓ_r) / T(R, 1), what
         # its verify lengths cost on average (None until its own first drafted step: the prior's λ prices it).
         self.step_ratio: list[float | None] = [None] * batch
@@ -525,9 +560,9 @@ class GoodputFallbackRun:
         it is the prior's turn to probe a batch of this size and band (``GainPrior.idle_generation``); module
         docstring."""
         rows = list(range(batch))
-        chosen, probes, _, priced = self._choice(rows, starting=True)
+        chosen, probes, _, priced, shallow = self._choice(rows, starting=True)
         min_gain = self.fallback.generation_min_gain if batch > 1 else 0.0  # module docstring: what the margin prices
-        if any(probes) or (any(chosen) and self.predicted_gain(rows, chosen, priced) >= min_gain):
+        if any(probes) or (any(chosen) and self.predicted_gain(rows, chosen, priced, shallow) >= min_gain):
             self.fallback.prior.drafting_generation(self.band, batch)
             return True
         self._probed_generation = self.fallback.prior.idle_generation(
@@ -537,29 +572,35 @@ class GoodputFallbackRun:
             self.fallback.prior.age(self.band, self.steps_left)
         return self._probed_generation
 
-    def predicted_gain(self, rows: list[int], chosen: list[bool], depths: list[int]) -> float:
+    def predicted_gain(self, rows: list[int], chosen: list[bool], depths: list[int], shallow: bool = False) -> float:
         """Θ(S) / Θ(∅) − 1: what drafting the ``chosen`` of ``rows`` (``depths`` deep) is predicted to add to the
-        goodput, the rule's Θ with the estimates the choice reads (module docstring); 0 for no row, +inf where drafting
-        costs nothing avoidable."""
+        goodput, the rule's Θ with the estimates the choice reads (module docstring; ``shallow``: the one-token offer's,
+        g¹ at widths of at most 1); 0 for no row, +inf where drafting costs nothing avoidable."""
         if not any(chosen):
             return 0.0
         if self._drafting_is_free(len(rows)):
             return math.inf
-        _, theta = drafting_goodput(*self._goodput_problem(rows, chosen, depths))
+        _, theta = drafting_goodput(*self._goodput_problem(rows, chosen, depths, shallow))
         return float(theta[-1] / theta[0]) - 1.0
 
     def _drafting_is_free(self, rows: int) -> bool:
         """Whether drafting a whole block for ``rows`` rows costs nothing that skipping would save."""
         return self.avoidable_draft_time(rows, max(self.max_draft_tokens, 1)) <= 0
 
-    def _goodput_problem(self, rows: list[int], candidates: list[bool], depths: list[int]) -> tuple:
+    def _goodput_problem(self, rows: list[int], candidates: list[bool], depths: list[int], shallow: bool = False) -> tuple:
         """The arguments of ``drafting_goodput`` and ``choose`` for drafting the ``candidates`` of ``rows``: their
-        ρ·w_r·ĝ_r and priced widths v_r (``priced_widths``), Σ w over ``rows``, R, T, and D at the candidates' deepest depth."""
+        ρ·w_r·ĝ_r and priced widths v_r (``priced_widths``), Σ w over ``rows``, R, T, and D at the candidates' deepest depth.
+        ``shallow``: the one-token offer's, ρ·w_r·ĝ¹_r at widths min(v_r, 1) (module docstring)."""
         drafted = [row for row, candidate in zip(rows, candidates) if candidate]
         ratio = self.fallback.prior.realised_ratio(self.band)
-        shrunk = self.shrunk_gain(drafted, self.fallback.prior.get(self.band, len(rows)))
+        if shallow:
+            shrunk = self.shrunk_first_gain(drafted, self.fallback.prior.first_gain(self.band, len(rows)))
+            priced_widths = [min(width, 1) for width in self.priced_widths(drafted, len(rows))]
+        else:
+            shrunk = self.shrunk_gain(drafted, self.fallback.prior.get(self.band, len(rows)))
+            priced_widths = self.priced_widths(drafted, len(rows))
         gains = torch.tensor([self.priority[row] * gain * ratio for row, gain in zip(drafted, shrunk)], dtype=torch.float64)
-        widths = torch.tensor(self.priced_widths(drafted, len(rows)), dtype=torch.long)
+        widths = torch.tensor(priced_widths, dtype=torch.long)
         deepest = max(max(depth for depth, candidate in zip(depths, candidates) if candidate), 1)
         draft_time = functools.partial(self.resume_draft_time, batch=len(rows), depth=deepest)
         return gains, widths, sum(self.priority[row] for row in rows), len(rows), self.cost_model.step_time, draft_time
@@ -628,7 +669,7 @@ class GoodputFallbackRun:
         rows = rows.tolist()
         if self._choice_key(rows) == self._idle_key:
             return torch.zeros(len(rows), dtype=torch.long)
-        chosen, probes, depths, _ = self._choice(rows)
+        chosen, probes, depths, _, _ = self._choice(rows)
         cap = self.probe_interval_cap(len(rows), max(max(depths), 1))
         for row, is_chosen, is_probe in zip(rows, chosen, probes):
             if is_chosen:  # a row back in starts over
@@ -642,17 +683,20 @@ class GoodputFallbackRun:
         self._idle_key = None if any(drafting) else self._choice_key(rows)
         return torch.tensor([depth if drafts else 0 for depth, drafts in zip(depths, drafting)], dtype=torch.long)
 
-    def _choice(self, rows: list[int], starting: bool = False) -> tuple[list[bool], list[bool], list[int], list[int]]:
-        """(chosen, probes, depths, priced) for ``rows``: the rows in the best predicted set (priced at ``priced``), the
-        rows to probe (never observed, or due and a probe could pay, or due at all in a probed generation's first step),
-        and every row's depths, drafted and priced (``depths``).
+    def _choice(self, rows: list[int], starting: bool = False) -> tuple[list[bool], list[bool], list[int], list[int], bool]:
+        """(chosen, probes, depths, priced, shallow) for ``rows``: the rows in the best predicted set (priced at
+        ``priced``), the rows to probe (never observed, or due and a probe could pay, or due at all in a probed
+        generation's first step), and every row's depths, drafted and priced (``depths``); ``shallow``: whether the set is
+        the one-token offer's (``_shallow_choice``), drafted and priced one token deep.
         Rows new to the run take the prior's estimate first, the only change it makes. ``starting``: the generation's
         first choice, which judges its probes by the ceiling alone (module docstring)."""
         prior = self.fallback.prior.get(self.band, len(rows))
         if prior is not None:
+            first_gain = self.fallback.prior.first_gain(self.band, len(rows))
             for row in rows:
                 if not self.observed[row]:
                     self.gain[row], self.verify[row], self.observed[row] = prior[0], prior[1], True
+                    self.first_gain[row] = first_gain
         observed = [self.observed[row] for row in rows]
         chosen = [False] * len(rows)
         depths, priced = self.depths(rows)
@@ -667,12 +711,37 @@ class GoodputFallbackRun:
                 raise TypeError(f"{type(self.fallback).__name__}.choose must return a BoolTensor[{sum(observed)}], got {picked!r}")
             picked = iter(picked.tolist())
             chosen = [is_observed and bool(next(picked)) for is_observed in observed]
+        shallow = False
+        if not any(chosen) and any(observed):
+            shallow_chosen, shallow_depths = self._shallow_choice(rows)
+            if any(shallow_chosen):
+                chosen, depths, priced, shallow = shallow_chosen, shallow_depths, shallow_depths, True
         due = [not is_chosen and is_due for is_chosen, is_due in zip(chosen, self._due(rows))]
         if any(due) and not self._probed_generation:
             cap = None if starting else self.probe_interval_cap(len(rows), deepest)
             if not self._a_probe_could_pay(rows, cap, deepest):
                 due = [False] * len(rows)
-        return chosen, [not is_observed or is_due for is_observed, is_due in zip(observed, due)], depths, priced
+        return chosen, [not is_observed or is_due for is_observed, is_due in zip(observed, due)], depths, priced, shallow
+
+    def _shallow_choice(self, rows: list[int]) -> tuple[list[bool], list[int]]:
+        """The one-token offer, made when the choice at the rows' own depths drafts for none: (chosen, depths) of the best
+        set by ``choose`` among the rows with a g¹, on ρ·w_r·ĝ¹_r at widths min(v_r, 1) and D one token deep (module
+        docstring). Every row's depth is 1, or what ``depths`` makes of 1 (a whole block where it costs next to nothing,
+        a cheaper width), as the choice's own."""
+        candidates = [self.observed[row] and self.first_gain[row] is not None for row in rows]
+        if not any(candidates):
+            return [False] * len(rows), [0] * len(rows)
+        gamma = self.max_draft_tokens
+        depths = [gamma] * len(rows) if self.fallback.depth_margin is None else self._settled_depths([min(1, gamma)] * len(rows), len(rows))
+        picked = self.fallback.choose(*self._goodput_problem(rows, candidates, depths, shallow=True))
+        if not isinstance(picked, torch.Tensor) or tuple(picked.shape) != (sum(candidates),):
+            raise TypeError(f"{type(self.fallback).__name__}.choose must return a BoolTensor[{sum(candidates)}], got {picked!r}")
+        picked = iter(picked.tolist())
+        return [is_candidate and bool(next(picked)) for is_candidate in candidates], depths
+
+    def shrunk_first_gain(self, rows: list[int], prior: float | None) -> list[float]:
+        """ĝ¹_r of ``rows`` (each with a g¹): g¹_r pulled towards the prior's g¹ as ĝ_r is towards ḡ (``shrunk``)."""
+        return [self.shrunk(row, self.first_gain[row], prior) for row in rows]
 
     def shrunk_gain(self, rows: list[int], prior: tuple[float, float] | None) -> list[float]:
         """ĝ_r of ``rows``: g_r pulled towards the prior's g (``shrunk``; module docstring)."""
@@ -721,22 +790,21 @@ class GoodputFallbackRun:
         priced = [min(max(length, 1), gamma) if self.observed[row] else gamma for row, length in zip(rows, lengths)]
         # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
         drafted = [min(max(length + margin, 1), gamma) if self._explores(row) else depth for row, length, depth in zip(rows, lengths, priced)]
-        count, block = len(rows), max(gamma, 1)
-        step_costs = None
+        settled_drafted = self._settled_depths(drafted, len(rows))
+        return settled_drafted, (settled_drafted if priced == drafted else self._settled_depths(priced, len(rows)))
 
-        def settled(depths: list[int]) -> list[int]:
-            nonlocal step_costs
-            extra = self.cost_model.draft_time(count, block) - self.cost_model.draft_time(count, max(min(depths), 1))
-            if extra <= _PROBE_BUDGET * self.cost_model.step_time(count, 1):
-                return whole_block
-            if not self.fallback.reach_cheaper_widths:
-                return depths
-            if step_costs is None:
-                step_costs = [self.cost_model.draft_time(count, depth) + self.cost_model.step_time(count, 1 + depth) for depth in range(1, gamma + 1)]
-            return [reach_depth(depth, step_costs) for depth in depths]
-
-        settled_drafted = settled(drafted)
-        return settled_drafted, (settled_drafted if priced == drafted else settled(priced))
+    def _settled_depths(self, depths: list[int], rows: int) -> list[int]:
+        """``depths`` of a forward over ``rows`` rows as drafted: γ for every row where a whole block costs at most
+        ``_PROBE_BUDGET`` of a one-token step more than the shallowest of them, else each deepened to where a wider step
+        is no dearer (``reach_cheaper_widths``, ``reach_depth``; ``depths``)."""
+        gamma = self.max_draft_tokens
+        extra = self.cost_model.draft_time(rows, max(gamma, 1)) - self.cost_model.draft_time(rows, max(min(depths), 1))
+        if extra <= _PROBE_BUDGET * self.cost_model.step_time(rows, 1):
+            return [gamma] * len(depths)
+        if not self.fallback.reach_cheaper_widths:
+            return depths
+        step_costs = [self.cost_model.draft_time(rows, depth) + self.cost_model.step_time(rows, 1 + depth) for depth in range(1, gamma + 1)]
+        return [reach_depth(depth, step_costs) for depth in depths]
 
     def _due(self, rows: list[int]) -> list[bool]:
         """Per row of ``rows``: due a probe, never measured in this generation or skipped for its wait."""
@@ -787,10 +855,11 @@ class GoodputFallbackRun:
         self.unread_prompt_columns = self.skipped_steps = 0
         self._probed_generation = False  # its first probe is done: later ones are judged as usual
         gains, verify_lengths, accepted = verified_gain(record).tolist(), record.verify_lengths.tolist(), record.accepted.tolist()
+        first_gains = verified_gain(record, depth=1).tolist()
         one_token = self.cost_model.step_time(len(rows), 1)
-        outcomes = []  # (gain, verify length, accepted) of each drafted row
+        outcomes = []  # (gain, verify length, accepted, first positions' gain) of each drafted row
         first_steps = 0
-        for row, drafts, gain, verify_length, accepted_count in zip(rows, drafted, gains, verify_lengths, accepted):
+        for row, drafts, gain, verify_length, accepted_count, first_gain in zip(rows, drafted, gains, verify_lengths, accepted, first_gains):
             if not drafts:
                 self.skipped[row] += 1
                 continue
@@ -801,10 +870,13 @@ class GoodputFallbackRun:
             weight = _new_step_weight(self.evidence[row], self.fallback.smoothing)
             self.gain[row] += weight * (gain - self.gain[row])
             self.verify[row] += weight * (verify_length - self.verify[row])
+            known_first = first_gain if self.first_gain[row] is None else self.first_gain[row]
+            self.first_gain[row] = known_first + weight * (first_gain - known_first)
             if one_token > 0:
                 ratio = self.cost_model.step_time(len(rows), 1 + verify_length) / one_token
                 known = ratio if self.step_ratio[row] is None else self.step_ratio[row]
                 self.step_ratio[row] = known + weight * (ratio - known)
             self.observed[row], self.skipped[row] = True, 0
-            outcomes.append((gain, verify_length, accepted_count))
-        self.fallback.prior.update(self.band, len(rows), *zip(*outcomes), first_steps=first_steps)
+            outcomes.append((gain, verify_length, accepted_count, first_gain))
+        gains, verify_lengths, accepted, first_gains = zip(*outcomes)
+        self.fallback.prior.update(self.band, len(rows), gains, verify_lengths, accepted, first_steps=first_steps, first_gains=first_gains)
