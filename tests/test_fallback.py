@@ -754,6 +754,34 @@ def test_the_priors_first_position_gain_is_smoothed_like_its_gain():
         prior.update("greedy", 2, [1.0, 1.0], [1, 1], first_gains=[0.5])
 
 
+def test_the_first_positions_realised_ratio_is_kept_apart_and_ages_alike():
+    """ρ¹ counts min(n_r, 1) against g¹ where ρ counts n_r against g: ten steps that expected 2 tokens (0.8 of them from
+    the first position) and accepted 1 read ρ = 42/52 and ρ¹ = 42/40; steps that draft nothing age both sums alike."""
+    prior = GainPrior(realised_discount=1.0)
+    for _ in range(10):
+        prior.update("greedy", 1, [2.0], [3], [1], first_gains=[0.8])
+    assert prior.realised_ratio("greedy") == pytest.approx(42 / 52)
+    assert prior.realised_ratio("greedy", first=True) == pytest.approx(42 / 40)
+    prior = GainPrior(realised_discount=0.5)
+    prior.update("greedy", 1, [2.0], [3], [1], first_gains=[0.8])
+    prior.age("greedy", steps=2)
+    assert prior.realised_first["greedy"] == pytest.approx((0.25, 0.2)) and prior.realised["greedy"] == pytest.approx((0.25, 0.5))
+
+
+def test_a_probe_near_break_even_is_priced_at_what_it_loses_not_its_drafting_time():
+    """At T = 1 s and D = 0.3 s, drafting a row estimated to gain 0.29 a step loses 1.29·(1.3/1.29 − 1) = 0.01 s, so its
+    probes wait at most probe_after steps; one estimated to gain nothing loses the whole 0.3 s, so its waits grow to
+    max_probe_interval (D / (0.005·T) = 60 steps, above it)."""
+    for gain, loss, interval in ((0.29, 0.01, 2), (0.0, 0.3, 8)):
+        fallback = GoodputFallback(smoothing=1.0, probe_after=2, max_probe_interval=8, prior_weight=0.0)
+        run = fallback.start(start(1), Costs(draft_row=0.3))
+        run.observed[0], run.gain[0], run.verify[0] = True, gain, 1.0
+        assert run.probe_loss([0], [False], [1]) == pytest.approx(loss)
+        assert run.probe_loss([0], [True], [1]) is None  # nothing to probe beside the chosen rows
+        assert run.probe_interval_cap(1, 1, loss) == interval
+    assert run.probe_interval_cap(1, 1) == 8  # without a loss, D prices the probe
+
+
 @pytest.mark.parametrize(("memory", "drafted"), [((0.05, 0.98), False), (None, True)])
 def test_one_prompt_that_accepts_nothing_does_not_price_the_next_prompts_rows_out(memory, drafted):
     """After 150 drafted steps that accepted the 0.5 a step predicted, then 60 that accepted none of it, a new row
@@ -761,7 +789,9 @@ def test_one_prompt_that_accepts_nothing_does_not_price_the_next_prompts_rows_ou
     with the default memory (ρ over about 500 steps: 0.76), and skipped with ρ over about 50 steps (0.69)."""
     prior = GainPrior() if memory is None else GainPrior(smoothing=memory[0], realised_discount=memory[1])
     for step in range(210):
-        prior.update("greedy", 1, torch.tensor([0.5], dtype=torch.float64), torch.tensor([1]), torch.tensor([step % 2 if step < 150 else 0]))
+        # One token verified a step: its first position is all it gains, so ρ¹ (the one-token offer's) reads as ρ.
+        prior.update("greedy", 1, torch.tensor([0.5], dtype=torch.float64), torch.tensor([1]), torch.tensor([step % 2 if step < 150 else 0]),
+                     first_gains=[0.5])
     run = GoodputFallback(prior=prior).start(start(1), Costs(draft_row=0.36))
     rows = torch.tensor([0])
     assert run.draft_rows(rows).tolist() != [0]

@@ -73,7 +73,14 @@ re-probed (drafted once regardless) after ``probe_after`` skipped steps; each pr
 it back doubles its wait, up to ``max_probe_interval`` and no further than where probing the whole batch
 costs ``_PROBE_BUDGET`` (0.5%) of plain decoding's time (``GoodputFallbackRun.probe_interval_cap``: a nearly
 free drafter such as prompt lookup keeps being probed every ``probe_after`` steps, which its bursts of
-matches need); a row the estimate brings back starts over. A new
+matches need). What a probe costs is what it is predicted to lose beside the chosen rows,
+(Σ w + G')·(1/Θ(S') − 1/Θ(S)) with S' the chosen and the probed rows (``GoodputFallbackRun.probe_loss``), not its D:
+near break-even a probe costs little whatever it costs to draft, and a choice decided by a margin within the machine's
+noise must be measured again soon, for the row's estimate and for the cost model's cells its drafted steps observe.
+At one row and temperature 1, the online cost model priced a two-token step 10% above a one-token one after a slow
+spell (MTP-1's steps, timed alongside, took the same at both widths), a drafting step at 1.26 one-token steps against
+a predicted gain of 0.24 tokens: the row was kept out and probed after waits of about 31 steps (D's cap), and nine
+prompts in a row drafted on 2–15 of their 60–64 steps (a probe, not kept). A row the estimate brings back starts over. A new
 generation's rows start with the wait its batch size and sampling band last reached (the shortest in the
 batch, ``GainPrior.probe_interval``): where probes have stopped paying, each generation would otherwise
 pay its first probes again. That wait runs from a first probe: a row the choice leaves out at its first step is
@@ -99,7 +106,8 @@ deeper positions cost to draft is less than what that width saves.
 A row kept out at its own depth is offered one token: when the choice above drafts for no row, it is made again
 (``GoodputFallbackRun._shallow_choice``) with every row one token deep, on ĝ¹_r, what its first positions alone
 gained (g¹_r: ``verified_gain`` at depth 1, a_{r,1} on steps where the scheduler verified a token, min(n_r, 1) without
-an estimator; smoothed like g_r and pulled towards the prior's g¹ as g_r is towards ḡ), scaled by ρ, at widths
+an estimator; smoothed like g_r and pulled towards the prior's g¹ as g_r is towards ḡ), scaled by ρ¹, the realised
+ratio of the first positions alone (min(n_r, 1) against g¹, ``GainPrior.realised_ratio(first=True)``), at widths
 min(v_r, 1) and D one token deep; the rows it chooses are drafted one token deep, with no exploring token. Because
 λ_r and g_r describe the depth the scheduler has been verifying, and a row kept out learns nothing: estimates formed
 where deeper tokens were overrated keep a row out at a depth where one token would pay. At one row and temperature 1,
@@ -323,6 +331,7 @@ class GainPrior:
         self.first_updates: dict[tuple[str, int], int] = {}  # steps with first-position gains observed per key
         self.ceilings: dict[tuple[str, int], tuple[float, float]] = {}
         self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
+        self.realised_first: dict[str, tuple[float, float]] = {}  # the same of the first positions alone
         self.intervals: dict[tuple[str, int], int] = {}
         self.drafted: dict[tuple[str, int], int] = {}  # rows drafted per key, each once a generation: the ceiling's evidence
         self.updates: dict[tuple[str, int], int] = {}  # steps with drafted rows observed per key
@@ -394,14 +403,16 @@ class GainPrior:
         step drafts, so a ρ that kept rows out drifts back towards 1, what the calibration claims, instead of
         standing wherever the last drafted steps left it. Not counted as an update (``version``): a standing
         choice not to draft is revisited at the next probe or generation, not at every step."""
-        if band in self.realised:
-            factor = self.realised_discount ** steps
-            self.realised[band] = tuple(factor * value for value in self.realised[band])
+        factor = self.realised_discount ** steps
+        for sums in (self.realised, self.realised_first):
+            if band in sums:
+                sums[band] = tuple(factor * value for value in sums[band])
 
-    def realised_ratio(self, band: str) -> float:
+    def realised_ratio(self, band: str, first: bool = False) -> float:
         """ρ in this band: (accepted + P) / (expected + P), P = ``_REALISED_PSEUDO_TOKENS``, over the discounted sums of
-        drafted rows (1 before any)."""
-        accepted, expected = self.realised.get(band, (0.0, 0.0))
+        drafted rows (1 before any); ``first``: ρ¹, the same of their first positions alone (min(n_r, 1) against g¹),
+        which the one-token offer reads: a calibration that overstates deeper positions lowers ρ, not ρ¹."""
+        accepted, expected = (self.realised_first if first else self.realised).get(band, (0.0, 0.0))
         return (accepted + _REALISED_PSEUDO_TOKENS) / (expected + _REALISED_PSEUDO_TOKENS)
 
     def update(
@@ -413,7 +424,8 @@ class GainPrior:
         one value per drafted row, lists or 1-D tensors); raise the ceiling; with ``accepted`` (the rows' accepted
         counts n_r), add them and the expected ``gains`` to ρ's sums. ``first_steps``: how many of these rows drafted
         for the first time in their generation, what the ceiling's evidence counts (None: all of them).
-        ``first_gains``: the same rows' gains from their first positions alone, smoothed alike into g¹ (``first_gain``)."""
+        ``first_gains``: the same rows' gains from their first positions alone, smoothed alike into g¹ (``first_gain``),
+        and with ``accepted`` added to ρ¹'s sums (``realised_ratio(first=True)``)."""
         gains, verify_lengths = _host_values(gains), _host_values(verify_lengths)
         first_gains = None if first_gains is None else _host_values(first_gains)
         if first_gains is not None and len(first_gains) != len(gains):
@@ -421,9 +433,13 @@ class GainPrior:
         if first_steps is not None and (isinstance(first_steps, bool) or not isinstance(first_steps, int) or not 0 <= first_steps <= len(gains)):
             raise ValueError(f"first_steps must be an int in [0, {len(gains)}] (the drafted rows), got {first_steps!r}")
         if accepted is not None:
+            accepted = _host_values(accepted)
             realised, expected = self.realised.get(band, (0.0, 0.0))
-            self.realised[band] = (self.realised_discount * realised + float(sum(_host_values(accepted))),
-                                   self.realised_discount * expected + float(sum(gains)))
+            self.realised[band] = (self.realised_discount * realised + float(sum(accepted)), self.realised_discount * expected + float(sum(gains)))
+            if first_gains is not None:
+                realised, expected = self.realised_first.get(band, (0.0, 0.0))
+                self.realised_first[band] = (self.realised_discount * realised + float(sum(min(count, 1) for count in accepted)),
+                                             self.realised_discount * expected + float(sum(first_gains)))
         observed = (sum(gains) / len(gains), sum(verify_lengths) / len(verify_lengths))
         self.version += 1
         key = (band, _size_bucket(rows))
@@ -590,9 +606,9 @@ class GoodputFallbackRun:
     def _goodput_problem(self, rows: list[int], candidates: list[bool], depths: list[int], shallow: bool = False) -> tuple:
         """The arguments of ``drafting_goodput`` and ``choose`` for drafting the ``candidates`` of ``rows``: their
         ρ·w_r·ĝ_r and priced widths v_r (``priced_widths``), Σ w over ``rows``, R, T, and D at the candidates' deepest depth.
-        ``shallow``: the one-token offer's, ρ·w_r·ĝ¹_r at widths min(v_r, 1) (module docstring)."""
+        ``shallow``: the one-token offer's, ρ¹·w_r·ĝ¹_r at widths min(v_r, 1) (module docstring)."""
         drafted = [row for row, candidate in zip(rows, candidates) if candidate]
-        ratio = self.fallback.prior.realised_ratio(self.band)
+        ratio = self.fallback.prior.realised_ratio(self.band, first=shallow)
         if shallow:
             shrunk = self.shrunk_first_gain(drafted, self.fallback.prior.first_gain(self.band, len(rows)))
             priced_widths = [min(width, 1) for width in self.priced_widths(drafted, len(rows))]
@@ -654,13 +670,45 @@ class GoodputFallbackRun:
         """``avoidable_draft_time(count, depth)`` plus reading ``columns`` unread columns of ``batch`` rows (default ``count``)."""
         return self.avoidable_draft_time(count, depth) + (self.catch_up_seconds or 0.0) * (count if batch is None else batch) * columns
 
-    def probe_interval_cap(self, rows: int, depth: int | None = None) -> int:
+    def probe_interval_cap(self, rows: int, depth: int | None = None, probe_seconds: float | None = None) -> int:
         """The longest wait between probes: the steps over which probing ``rows`` rows ``depth`` deep costs
-        ``_PROBE_BUDGET`` of one-token steps (D(rows) / (budget·T(rows, 1)), rounded up), within
-        probe_after..max_probe_interval."""
+        ``_PROBE_BUDGET`` of one-token steps (c / (budget·T(rows, 1)), rounded up), within probe_after..max_probe_interval.
+        c = ``probe_seconds``, what a probe is predicted to lose (``probe_loss``), or without it D(rows)."""
         budget = _PROBE_BUDGET * self.cost_model.step_time(rows, 1)
-        steps = math.ceil(self.avoidable_draft_time(rows, depth) / budget) if budget > 0 else self.fallback.max_probe_interval
+        cost = self.avoidable_draft_time(rows, depth) if probe_seconds is None else probe_seconds
+        # Rounded up past a float's error: a loss computed as a difference of goodputs lands a hair above its ratio.
+        steps = math.ceil(cost / budget - 1e-9) if budget > 0 else self.fallback.max_probe_interval
         return min(max(steps, self.fallback.probe_after), self.fallback.max_probe_interval)
+
+    def probe_loss(self, rows: list[int], chosen: list[bool], depths: list[int]) -> float | None:
+        """c: the seconds a step that also drafts every observed row of ``rows`` outside ``chosen`` (priced ``depths``
+        deep) is predicted to lose against one that drafts ``chosen`` alone: (Σ w + G')·(1/Θ(S') − 1/Θ(S)) ≥ 0, S the
+        chosen rows, S' with the others, G' the gain S' is estimated at (module docstring); None when no row outside S was
+        observed. Near break-even a probe costs little whatever its D, so rows the choice keeps out by a margin within the
+        machine's noise are measured again soon, and so are the cost model's cells their drafted steps observe."""
+        probed = [is_chosen or self.observed[row] for row, is_chosen in zip(rows, chosen)]
+        if probed == chosen:
+            return None
+        tokens, with_probes = self._set_goodput(rows, probed, depths)
+        _, without = self._set_goodput(rows, chosen, depths)
+        if with_probes <= 0 or without <= 0:
+            return None
+        return max(tokens * (1 / with_probes - 1 / without), 0.0)
+
+    def _set_goodput(self, rows: list[int], members: list[bool], depths: list[int]) -> tuple[float, float]:
+        """(Σ w + G, Θ) of drafting the ``members`` of ``rows`` (``depths`` deep): the tokens one step is estimated to
+        emit, weighted, and Θ (module docstring)."""
+        if not any(members):
+            base = sum(self.priority[row] for row in rows)
+            return base, base / self.cost_model.step_time(len(rows), 1)
+        gains, widths, base, count, step_time, draft_time = self._goodput_problem(rows, members, depths)
+        _, theta = _goodput_curve(gains.tolist(), widths.tolist(), base, count, step_time, draft_time)
+        return base + float(gains.sum()), theta[-1]
+
+    def _probe_cap(self, rows: list[int], chosen: list[bool], depths: list[int], priced: list[int]) -> int:
+        """``probe_interval_cap`` of probing ``rows`` as deep as the deepest of ``depths``, at ``probe_loss`` beside the
+        ``chosen`` rows (priced at ``priced``)."""
+        return self.probe_interval_cap(len(rows), max(max(depths), 1), self.probe_loss(rows, chosen, priced))
 
     def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """LongTensor[R] of draft depths, 0 for rows not drafted: the rows in the best predicted set (every row
@@ -669,14 +717,15 @@ class GoodputFallbackRun:
         rows = rows.tolist()
         if self._choice_key(rows) == self._idle_key:
             return torch.zeros(len(rows), dtype=torch.long)
-        chosen, probes, depths, _, _ = self._choice(rows)
-        cap = self.probe_interval_cap(len(rows), max(max(depths), 1))
+        chosen, probes, depths, priced, _ = self._choice(rows)
+        cap = None
         for row, is_chosen, is_probe in zip(rows, chosen, probes):
             if is_chosen:  # a row back in starts over
                 self.interval[row] = self.fallback.probe_after
             elif is_probe and self.own_steps[row] > 0:
                 # A re-probe of a row its estimate keeps out waits twice as long for the next (a first probe only
                 # measures the row: the prior's wait stands).
+                cap = self._probe_cap(rows, chosen, depths, priced) if cap is None else cap
                 self.interval[row] = min(2 * self.interval[row], cap)
         self.fallback.prior.remember_probe_interval(self.band, len(rows), min(self.interval[row] for row in rows))
         drafting = [is_chosen or is_probe for is_chosen, is_probe in zip(chosen, probes)]
@@ -718,14 +767,14 @@ class GoodputFallbackRun:
                 chosen, depths, priced, shallow = shallow_chosen, shallow_depths, shallow_depths, True
         due = [not is_chosen and is_due for is_chosen, is_due in zip(chosen, self._due(rows))]
         if any(due) and not self._probed_generation:
-            cap = None if starting else self.probe_interval_cap(len(rows), deepest)
+            cap = None if starting else self._probe_cap(rows, chosen, depths, priced)
             if not self._a_probe_could_pay(rows, cap, deepest):
                 due = [False] * len(rows)
         return chosen, [not is_observed or is_due for is_observed, is_due in zip(observed, due)], depths, priced, shallow
 
     def _shallow_choice(self, rows: list[int]) -> tuple[list[bool], list[int]]:
         """The one-token offer, made when the choice at the rows' own depths drafts for none: (chosen, depths) of the best
-        set by ``choose`` among the rows with a g¹, on ρ·w_r·ĝ¹_r at widths min(v_r, 1) and D one token deep (module
+        set by ``choose`` among the rows with a g¹, on ρ¹·w_r·ĝ¹_r at widths min(v_r, 1) and D one token deep (module
         docstring). Every row's depth is 1, or what ``depths`` makes of 1 (a whole block where it costs next to nothing,
         a cheaper width), as the choice's own."""
         candidates = [self.observed[row] and self.first_gain[row] is not None for row in rows]
