@@ -305,9 +305,10 @@ class GainPrior:
     whose rows finish one by one keeps its prior), over every generation of
     one ``GoodputFallback``: the smoothed gain g and verify length λ of drafted rows (a new row's first
     estimate) and the gain g¹ of their first positions alone (the one-token offer's), and the largest gain one
-    row showed in a step, with its verify length (the probe ceiling); the probe interval its rows last reached; how many generations in a row ran as plain decoding, and how many
-    may before one is probed (module docstring); per sampling band, the realised ratio ρ of accepted tokens to
-    their expected count; the catch-up rates of the latest passes.
+    row showed in a step, with its verify length (the probe ceiling); the probe interval its rows last reached;
+    how many generations in a row ran as plain decoding, and how many may before one is probed (module docstring);
+    per sampling band, the realised ratio ρ of accepted tokens to their expected count, and ρ¹ of the first positions
+    alone; the catch-up rates of the latest passes.
 
     ``smoothing``: the weight of each step's drafted rows in g and λ (their mean over the first 1/``smoothing``
     steps at a batch size and band, then exponential smoothing); ``realised_discount``: what ρ's sums are
@@ -765,6 +766,7 @@ class GoodputFallbackRun:
             shallow_chosen, shallow_depths = self._shallow_choice(rows)
             if any(shallow_chosen):
                 chosen, depths, priced, shallow = shallow_chosen, shallow_depths, shallow_depths, True
+                deepest = max(max(depths), 1)
         due = [not is_chosen and is_due for is_chosen, is_due in zip(chosen, self._due(rows))]
         if any(due) and not self._probed_generation:
             cap = None if starting else self._probe_cap(rows, chosen, depths, priced)
