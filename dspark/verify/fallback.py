@@ -702,9 +702,9 @@ class GoodputFallbackRun:
         if not any(members):
             base = sum(self.priority[row] for row in rows)
             return base, base / self.cost_model.step_time(len(rows), 1)
-        gains, widths, base, count, step_time, draft_time = self._goodput_problem(rows, members, depths)
-        _, theta = _goodput_curve(gains.tolist(), widths.tolist(), base, count, step_time, draft_time)
-        return base + float(gains.sum()), theta[-1]
+        problem = self._goodput_problem(rows, members, depths)
+        _, theta = drafting_goodput(*problem)
+        return problem[2] + float(problem[0].sum()), float(theta[-1])
 
     def _probe_cap(self, rows: list[int], chosen: list[bool], depths: list[int], priced: list[int]) -> int:
         """``probe_interval_cap`` of probing ``rows`` as deep as the deepest of ``depths``, at ``probe_loss`` beside the
@@ -756,11 +756,7 @@ class GoodputFallbackRun:
             # alone decides what to verify.
             chosen = [True] * len(rows)
         elif any(observed):
-            picked = self.fallback.choose(*self._goodput_problem(rows, observed, priced))
-            if not isinstance(picked, torch.Tensor) or tuple(picked.shape) != (sum(observed),):
-                raise TypeError(f"{type(self.fallback).__name__}.choose must return a BoolTensor[{sum(observed)}], got {picked!r}")
-            picked = iter(picked.tolist())
-            chosen = [is_observed and bool(next(picked)) for is_observed in observed]
+            chosen = self._rule_choice(rows, observed, priced)
         shallow = False
         if not any(chosen) and any(observed):
             shallow_chosen, shallow_depths = self._shallow_choice(rows)
@@ -783,12 +779,16 @@ class GoodputFallbackRun:
         if not any(candidates):
             return [False] * len(rows), [0] * len(rows)
         gamma = self.max_draft_tokens
-        depths = [gamma] * len(rows) if self.fallback.depth_margin is None else self._settled_depths([min(1, gamma)] * len(rows), len(rows))
-        picked = self.fallback.choose(*self._goodput_problem(rows, candidates, depths, shallow=True))
+        depths = [gamma] * len(rows) if self.fallback.depth_margin is None else self._settled_depths(len(rows), [min(1, gamma)] * len(rows))[0]
+        return self._rule_choice(rows, candidates, depths, shallow=True), depths
+
+    def _rule_choice(self, rows: list[int], candidates: list[bool], depths: list[int], shallow: bool = False) -> list[bool]:
+        """Per row of ``rows``: whether ``choose`` drafts it, asked about the ``candidates`` (``_goodput_problem``)."""
+        picked = self.fallback.choose(*self._goodput_problem(rows, candidates, depths, shallow))
         if not isinstance(picked, torch.Tensor) or tuple(picked.shape) != (sum(candidates),):
             raise TypeError(f"{type(self.fallback).__name__}.choose must return a BoolTensor[{sum(candidates)}], got {picked!r}")
         picked = iter(picked.tolist())
-        return [is_candidate and bool(next(picked)) for is_candidate in candidates], depths
+        return [is_candidate and bool(next(picked)) for is_candidate in candidates]
 
     def shrunk_first_gain(self, rows: list[int], prior: float | None) -> list[float]:
         """ĝ¹_r of ``rows`` (each with a g¹): g¹_r pulled towards the prior's g¹ as ĝ_r is towards ḡ (``shrunk``)."""
@@ -841,21 +841,30 @@ class GoodputFallbackRun:
         priced = [min(max(length, 1), gamma) if self.observed[row] else gamma for row, length in zip(rows, lengths)]
         # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
         drafted = [min(max(length + margin, 1), gamma) if self._explores(row) else depth for row, length, depth in zip(rows, lengths, priced)]
-        settled_drafted = self._settled_depths(drafted, len(rows))
-        return settled_drafted, (settled_drafted if priced == drafted else self._settled_depths(priced, len(rows)))
+        if priced == drafted:
+            settled = self._settled_depths(len(rows), drafted)[0]
+            return settled, settled
+        settled_drafted, settled_priced = self._settled_depths(len(rows), drafted, priced)
+        return settled_drafted, settled_priced
 
-    def _settled_depths(self, depths: list[int], rows: int) -> list[int]:
-        """``depths`` of a forward over ``rows`` rows as drafted: γ for every row where a whole block costs at most
-        ``_PROBE_BUDGET`` of a one-token step more than the shallowest of them, else each deepened to where a wider step
-        is no dearer (``reach_cheaper_widths``, ``reach_depth``; ``depths``)."""
+    def _settled_depths(self, rows: int, *depth_lists: list[int]) -> list[list[int]]:
+        """Each of ``depth_lists`` for a forward over ``rows`` rows, as drafted: γ for every row where a whole block costs
+        at most ``_PROBE_BUDGET`` of a one-token step more than the list's shallowest depth, else each deepened to where a
+        wider step is no dearer (``reach_cheaper_widths``, ``reach_depth``; ``depths``). The step costs are read once."""
         gamma = self.max_draft_tokens
-        extra = self.cost_model.draft_time(rows, max(gamma, 1)) - self.cost_model.draft_time(rows, max(min(depths), 1))
-        if extra <= _PROBE_BUDGET * self.cost_model.step_time(rows, 1):
-            return [gamma] * len(depths)
-        if not self.fallback.reach_cheaper_widths:
-            return depths
-        step_costs = [self.cost_model.draft_time(rows, depth) + self.cost_model.step_time(rows, 1 + depth) for depth in range(1, gamma + 1)]
-        return [reach_depth(depth, step_costs) for depth in depths]
+        step_costs = None
+        settled = []
+        for depths in depth_lists:
+            extra = self.cost_model.draft_time(rows, max(gamma, 1)) - self.cost_model.draft_time(rows, max(min(depths), 1))
+            if extra <= _PROBE_BUDGET * self.cost_model.step_time(rows, 1):
+                settled.append([gamma] * len(depths))
+            elif not self.fallback.reach_cheaper_widths:
+                settled.append(depths)
+            else:
+                if step_costs is None:
+                    step_costs = [self.cost_model.draft_time(rows, depth) + self.cost_model.step_time(rows, 1 + depth) for depth in range(1, gamma + 1)]
+                settled.append([reach_depth(depth, step_costs) for depth in depths])
+        return settled
 
     def _due(self, rows: list[int]) -> list[bool]:
         """Per row of ``rows``: due a probe, never measured in this generation or skipped for its wait."""
