@@ -3,6 +3,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -323,6 +324,26 @@ def test_isotonic_calibration_applies_each_positions_map(case):
     maps = fitted.parameters
     expected = torch.stack([maps[min(k, len(maps) - 1)](survival[:, k]) for k in range(survival.shape[1])], dim=1)
     assert torch.allclose(fitted.apply(survival), expected, rtol=0, atol=1e-6)
+
+
+@given(case=isotonic_calibrations())
+@settings(max_examples=80, deadline=None)
+def test_isotonic_map_is_linear_interpolation_through_its_knots(case):
+    """In float64 each IsotonicMap is numpy's interp through its knots (linear between them, constant past the ends),
+    on the survival and on points beyond both ends."""
+    fitted, survival = case
+    points = torch.cat([survival.double().reshape(-1), torch.tensor([-0.5, 1.5, 2.0], dtype=torch.float64)])
+    for position in fitted.parameters:
+        expected = np.interp(points.numpy(), position.knots, position.values)
+        assert np.allclose(position(points).numpy(), expected, rtol=0, atol=1e-12)
+
+
+def test_isotonic_knots_that_collapse_in_float32_take_the_upper_value():
+    """Two first knots 1e-9 apart are one point in float32: a survival at or below it maps to the upper knot's value, never
+    a division by zero, and the next segment interpolates as usual."""
+    collapsed = IsotonicMap(knots=(0.25, 0.25 + 1e-9, 1.0), values=(0.1, 0.3, 0.9))
+    mapped = collapsed(torch.tensor([0.0, 0.25, 0.625], dtype=torch.float32))
+    assert mapped.tolist() == pytest.approx([0.3, 0.3, 0.6], abs=1e-6)
 
 
 def test_isotonic_fit_by_hand():

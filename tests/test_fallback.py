@@ -5,6 +5,7 @@ import attrs
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dspark.protocols import RowFallback
 from dspark.stats import StepRecord
@@ -343,6 +344,20 @@ def test_the_gain_at_a_depth_counts_only_the_first_positions():
     assert verified_gain(record([0], [True], [2], [2]), depth=1).tolist() == [1.0]
     with pytest.raises(ValueError, match="depth must be an int >= 1, got 0"):
         verified_gain(step, depth=0)
+
+
+@given(rows=st.integers(1, 5), gamma=st.integers(1, 6), depth=st.one_of(st.none(), st.integers(1, 7)), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=60, deadline=None)
+def test_the_gain_is_the_masked_sum_of_prefix_survivals(rows, gamma, depth, seed):
+    """On random steps (ℓ_r from 0 to γ), the gain is Σ_j a_{r,j}·1[j ≤ min(ℓ_r, depth)], a = cumprod(c), as one tensor
+    expression computes it."""
+    generator = torch.Generator().manual_seed(seed)
+    survival = torch.rand((rows, gamma), generator=generator)
+    lengths = torch.randint(0, gamma + 1, (rows,), generator=generator)
+    step = record(list(range(rows)), [True] * rows, lengths.tolist(), [0] * rows, survival=survival)
+    capped = lengths if depth is None else lengths.clamp_max(depth)
+    expected = (survival.double().cumprod(dim=1) * (torch.arange(1, gamma + 1)[None, :] <= capped[:, None])).sum(dim=1)
+    assert torch.allclose(verified_gain(step, depth=depth), expected, rtol=0, atol=1e-12)
 
 
 def test_a_row_whose_own_depth_does_not_pay_is_offered_one_token_where_its_first_position_pays():

@@ -679,3 +679,17 @@ def test_static_batch_skips_a_column_only_rows_about_to_finish_would_fill():
     assert goodput.lengths(survival, costs, limits, context([3, 3, 9, 9])).tolist() == [1, 1, 0, 0]
     assert static.lengths(survival, costs, limits, context([3, 3, 9, 9])).tolist() == [0, 0, 0, 0]
     assert static.lengths(survival, costs, limits, context([5, 5, 5, 5])).tolist() == [1, 1, 0, 0]
+
+
+@given(survival=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=6), priority=st.floats(0.01, 100.0), admission=st.sampled_from(["columns", "candidates"]))
+@settings(max_examples=60, deadline=None)
+def test_one_row_lengths_are_the_unweighted_schedule_whatever_the_priority(survival, priority, admission):
+    """At one row a priority scales every Θ alike, so the preset verifies exactly what the unweighted schedule does on
+    a = cumprod(c): the scheduler leaves the weight out there (a step's worth of tensor ops saved, at no change)."""
+    costs = LinearCostModel(base=1.0, per_token=0.15)
+    row = torch.tensor([survival])
+    limits = torch.tensor([len(survival)])
+    context = dspark.VerifyContext(rows=torch.arange(1), priority=torch.tensor([priority]), drafted_rows=1, remaining=torch.tensor([9]))
+    scheduled = HardwareAwareScheduler(row_fallback=None, admission=admission).lengths(row, costs, limits, context)
+    schedule = column_schedule if admission == "columns" else prefix_schedule
+    assert scheduled.tolist() == schedule(row.cumprod(dim=1), limits, costs.step_time, costs.draft_time(1, len(survival))).tolist()

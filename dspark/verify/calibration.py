@@ -18,7 +18,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import attrs
 import torch
@@ -389,7 +389,7 @@ class IsotonicMap:
 
     knots: tuple[float, ...] = attrs.field(converter=_float_tuple, validator=_validate_knots)
     values: tuple[float, ...] = attrs.field(converter=_float_tuple, validator=_validate_knots)
-    # (dtype, device) → (knots, values) tensors: built once, not on every decoding step.
+    # (dtype, device) → the map's segments as tensors: built once, not on every decoding step.
     _tensors: dict = attrs.field(init=False, factory=dict, eq=False, repr=False)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -398,29 +398,46 @@ class IsotonicMap:
             raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
         dtype = torch.promote_types(x.dtype, torch.float32)
         if (dtype, x.device) not in self._tensors:
-            self._tensors[(dtype, x.device)] = _stacked_tensors([self], dtype, x.device)
-        knots, values = self._tensors[(dtype, x.device)]
-        return _interpolate(knots, values, x.reshape(1, -1)).reshape(x.shape)
+            self._tensors[(dtype, x.device)] = _Segments.of([self], dtype, x.device)
+        return self._tensors[(dtype, x.device)](x.reshape(1, -1)).reshape(x.shape)
 
 
-def _stacked_tensors(maps, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] knots and values of ``maps`` (IsotonicMap values), each padded with copies of its last knot and
-    value to K = max(2, longest): a padded map reads as the same map, and every point has a segment."""
-    longest = max(2, *(len(fitted.knots) for fitted in maps))
-    padded = [[list(sequence) + [sequence[-1]] * (longest - len(sequence)) for sequence in (fitted.knots, fitted.values)] for fitted in maps]
-    return tuple(torch.tensor([pair[index] for pair in padded], dtype=dtype, device=device) for index in (0, 1))
+class _Segments(NamedTuple):
+    """M piecewise-linear maps as tensors, each padded with copies of its last knot to K = max(2, longest) knots (a
+    padded map reads as the same map, and every point has a segment): ``lowest`` and ``highest`` [M, 1], the ends;
+    ``uppers`` [M, K − 1], each segment's upper knot; ``starts``, ``bases``, ``rises`` and ``spans`` [M, K − 1], segment
+    j's x_j, y at x_j, y_{j+1} − y_j and x_{j+1} − x_j. Built once per dtype and device, so that a decoding step pays a
+    handful of tensor ops, not the twenty that derive the segments."""
 
+    lowest: torch.Tensor
+    highest: torch.Tensor
+    uppers: torch.Tensor
+    starts: torch.Tensor
+    bases: torch.Tensor
+    rises: torch.Tensor
+    spans: torch.Tensor
 
-def _interpolate(knots: torch.Tensor, values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Row m of ``x`` [M, N] through the map of row m of ``knots``/``values`` [M, K ≥ 2] (``_stacked_tensors``):
-    linear between knots, constant beyond the ends, in the knots' dtype."""
-    x = torch.maximum(torch.minimum(x.to(knots.dtype), knots[:, -1:]), knots[:, :1]).contiguous()
-    upper = torch.searchsorted(knots, x).clamp(1, knots.shape[1] - 1)
-    x0, x1 = knots.gather(1, upper - 1), knots.gather(1, upper)
-    y0, y1 = values.gather(1, upper - 1), values.gather(1, upper)
-    # Knots that collapse when cast to float32 would divide by zero; either end's value is right there.
-    span = torch.where(x1 > x0, x1 - x0, torch.ones_like(x1))
-    return torch.where(x1 > x0, y0 + (x - x0) * (y1 - y0) / span, y1)
+    @classmethod
+    def of(cls, maps, dtype: torch.dtype, device: torch.device) -> "_Segments":
+        """The segments of ``maps`` (IsotonicMap values) in ``dtype`` on ``device``."""
+        longest = max(2, *(len(fitted.knots) for fitted in maps))
+        knots, values = (
+            torch.tensor([list(sequence) + [sequence[-1]] * (longest - len(sequence)) for sequence in sequences], dtype=dtype, device=device)
+            for sequences in ([fitted.knots for fitted in maps], [fitted.values for fitted in maps])
+        )
+        x0, x1, y0, y1 = knots[:, :-1], knots[:, 1:], values[:, :-1], values[:, 1:]
+        # Knots that collapse when cast to float32 would divide by zero; the upper end's value is right there.
+        spread = x1 > x0
+        rises = torch.where(spread, y1 - y0, torch.zeros_like(y1))
+        return cls(knots[:, :1], knots[:, -1:], x1.contiguous(), x0, torch.where(spread, y0, y1), rises, torch.where(spread, x1 - x0, torch.ones_like(x1)))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Row m of ``x`` [M, N] through map m: linear between knots, constant beyond the ends, in the maps' dtype."""
+        x = torch.clamp(x.to(self.lowest.dtype), self.lowest, self.highest).contiguous()
+        # The segment of x: how many upper knots lie below it (x ≤ the last knot, so at most K − 2).
+        segment = torch.searchsorted(self.uppers, x)
+        # (x − x_j)·rise / span, not x times a precomputed slope: a span of a few ulps would make the slope overflow.
+        return torch.addcdiv(self.bases.gather(1, segment), (x - self.starts.gather(1, segment)) * self.rises.gather(1, segment), self.spans.gather(1, segment))
 
 
 def isotonic_fit(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None = None) -> IsotonicMap:
@@ -491,7 +508,7 @@ class Calibration:
 
     method: str = attrs.field(validator=attrs.validators.in_(METHODS))
     parameters: tuple = attrs.field(converter=tuple, validator=_validate_parameters)
-    # (width, dtype, device) → every position's isotonic knots and values stacked: applied in one pass per step.
+    # (width, dtype, device) → every position's isotonic segments stacked (``_Segments``): applied in one pass per step.
     _stacked: dict = attrs.field(init=False, factory=dict, eq=False, repr=False)
 
     @classmethod
@@ -513,9 +530,8 @@ class Calibration:
             return survival.clone()
         key = (survival.shape[1], torch.promote_types(survival.dtype, torch.float32), survival.device)
         if key not in self._stacked:
-            self._stacked[key] = _stacked_tensors(_per_position(self.parameters, key[0]), key[1], key[2])
-        knots, values = self._stacked[key]
-        return _interpolate(knots, values, survival.T).T.to(survival.dtype)
+            self._stacked[key] = _Segments.of(_per_position(self.parameters, key[0]), key[1], key[2])
+        return self._stacked[key](survival.T).T.to(survival.dtype)
 
     def to_dict(self) -> dict:
         """Plain JSON-safe data; ``from_dict`` reads it back."""

@@ -166,7 +166,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import math
+import operator
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -215,12 +217,24 @@ def verified_gain(record: StepRecord, depth: int | None = None) -> torch.Tensor:
     capped at it)."""
     if depth is not None:
         check_int("depth", depth, 1)
-    verify_lengths = record.verify_lengths if depth is None else record.verify_lengths.clamp_max(depth)
-    if record.survival is None or record.survival.shape[1] == 0:
-        return (record.accepted if depth is None else record.accepted.clamp_max(depth)).double()
-    prefix = record.survival.double().cumprod(dim=1)
-    verified = torch.arange(1, prefix.shape[1] + 1)[None, :] <= verify_lengths[:, None]
-    return (prefix * verified).sum(dim=1)
+    gains = _verified_gains(_host_survival(record), record.verify_lengths.tolist(), record.accepted.tolist(), depth)
+    return torch.tensor(gains, dtype=torch.float64)
+
+
+def _host_survival(record: StepRecord) -> list[list[float]] | None:
+    """The step's survival as host lists, one per row; None where it has none (no estimator, or no draft)."""
+    return None if record.survival is None or record.survival.shape[1] == 0 else record.survival.tolist()
+
+
+def _verified_gains(survival: list[list[float]] | None, verify_lengths: list[int], accepted: list[int], depth: int | None) -> list[float]:
+    """``verified_gain`` on host lists (each row's survival c_{r,1..γ}, or None; its ℓ_r and n_r). In plain Python, because
+    the fallback's ``observe`` reads it twice a step on a handful of rows, where a tensor op costs more than its arithmetic."""
+    if survival is None:
+        return [float(count if depth is None else min(count, depth)) for count in accepted]
+    return [
+        sum(itertools.accumulate(row[: max(length if depth is None else min(length, depth), 0)], operator.mul), 0.0)
+        for row, length in zip(survival, verify_lengths)
+    ]
 
 
 def _check_rows_problem(gains: torch.Tensor, widths: torch.Tensor, rows: int) -> None:
@@ -914,8 +928,10 @@ class GoodputFallbackRun:
             self.fallback.prior.remember_catch_up(extra / (unread * len(rows)))
         self.unread_prompt_columns = self.skipped_steps = 0
         self._probed_generation = False  # its first probe is done: later ones are judged as usual
-        gains, verify_lengths, accepted = verified_gain(record).tolist(), record.verify_lengths.tolist(), record.accepted.tolist()
-        first_gains = verified_gain(record, depth=1).tolist()
+        verify_lengths, accepted = record.verify_lengths.tolist(), record.accepted.tolist()
+        survival = _host_survival(record)
+        gains = _verified_gains(survival, verify_lengths, accepted, None)
+        first_gains = _verified_gains(survival, verify_lengths, accepted, 1)
         one_token = self.cost_model.step_time(len(rows), 1)
         outcomes = []  # (gain, verify length, accepted, first positions' gain) of each drafted row
         first_steps = 0

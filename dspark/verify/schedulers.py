@@ -73,6 +73,7 @@ from typing import NamedTuple
 
 import attrs
 import torch
+import torch.nn.functional as F
 
 from dspark.checks import int_at_least, unit_interval
 from dspark.protocols import CostModel, RowFallback
@@ -256,12 +257,12 @@ def _column_gains(prefix_survival: torch.Tensor, limits: torch.Tensor, weights: 
     if weights is not None:
         prefix_survival = prefix_survival * _check_weights(weights, rows).to(device, prefix_survival.dtype)[:, None]
     reachable = torch.arange(1, gamma + 1, device=device)[None, :] <= limits[:, None]
-    return torch.where(reachable, prefix_survival, torch.zeros_like(prefix_survival)).sum(dim=-2)
+    return (prefix_survival * reachable).sum(dim=-2)
 
 
 def _column_goodput(gained: torch.Tensor, weights, rows: int, seconds: torch.Tensor, draft_seconds: float) -> torch.Tensor:
     """Θ(K), K = 0..γ, along the last axis of the column gains."""
-    tau = _base(weights, rows, seconds) + torch.cat([torch.zeros_like(gained[..., :1]), gained.cumsum(dim=-1)], dim=-1)
+    tau = _base(weights, rows, seconds) + F.pad(gained.cumsum(dim=-1), (1, 0))
     return tau / (draft_seconds + seconds)
 
 
@@ -358,8 +359,9 @@ class HardwareAwareScheduler:
         cost model's step time."""
         prefix, limits = _prefix_and_limits(self, survival, limits)
         draft_seconds = _draft_seconds(cost_model, prefix, context) if self.include_draft_cost else 0.0
-        weights = _priority(context)
-        if self.static_batch and context is not None and context.remaining is not None:
+        # At one row a weight scales every Θ alike, so it cannot move where Θ stops rising: not computed there.
+        weights = _priority(context) if prefix.shape[0] > 1 else None
+        if self.static_batch and context is not None and context.remaining is not None and prefix.shape[0] > 1:
             finishing = finishing_weights(context.remaining, cost_model.step_time).to(prefix.device)
             weights = finishing if weights is None else finishing * weights.to(finishing.device, finishing.dtype)
         if self.admission == "columns":
