@@ -428,8 +428,8 @@ class _Segments(NamedTuple):
         x0, x1, y0, y1 = knots[:, :-1], knots[:, 1:], values[:, :-1], values[:, 1:]
         # Knots that collapse when cast to float32 would divide by zero; the upper end's value is right there.
         spread = x1 > x0
-        rises = torch.where(spread, y1 - y0, torch.zeros_like(y1))
-        return cls(knots[:, :1], knots[:, -1:], x1.contiguous(), x0, torch.where(spread, y0, y1), rises, torch.where(spread, x1 - x0, torch.ones_like(x1)))
+        bases, rises = torch.where(spread, y0, y1), torch.where(spread, y1 - y0, torch.zeros_like(y1))
+        return cls(knots[:, :1], knots[:, -1:], x1.contiguous(), x0, bases, rises, torch.where(spread, x1 - x0, torch.ones_like(x1)))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Row m of ``x`` [M, N] through map m: linear between knots, constant beyond the ends, in the maps' dtype."""
@@ -437,7 +437,8 @@ class _Segments(NamedTuple):
         # The segment of x: how many upper knots lie below it (x ≤ the last knot, so at most K − 2).
         segment = torch.searchsorted(self.uppers, x)
         # (x − x_j)·rise / span, not x times a precomputed slope: a span of a few ulps would make the slope overflow.
-        return torch.addcdiv(self.bases.gather(1, segment), (x - self.starts.gather(1, segment)) * self.rises.gather(1, segment), self.spans.gather(1, segment))
+        rise = (x - self.starts.gather(1, segment)) * self.rises.gather(1, segment)
+        return torch.addcdiv(self.bases.gather(1, segment), rise, self.spans.gather(1, segment))
 
 
 def isotonic_fit(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None = None) -> IsotonicMap:
