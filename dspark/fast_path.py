@@ -80,14 +80,17 @@ REFERENCE_ROWS = (8,)
 # Another formulation replaces F.linear only where it was timed this many times faster (FastPath._ranking).
 _MARGIN = 1.25
 # 2: ``transposed`` pads one row to two, so its one-row timings measured another product.
-_CACHE_VERSION = 2
+# 3: whole-forward choices whose ways came out close are timed for more rounds (``_more_rounds_needed``), so a choice
+# cached from three noisy rounds is measured again.
+_CACHE_VERSION = 3
 #: Raised whenever a change to the fast path changes how long forwards take, so that timings measured
 #: on an earlier one (``ProfiledCostModel`` tables) are measured again. 2: F.linear routed alone.
 #: 3: F.linear unless another formulation was timed 1.25x faster, and no copy for one row.
 #: 4: a model's one-row products read its copies where whole one-token forwards ran faster so.
 #: 5: so do a drafter's (``dspark.wrap``), where its one-row drafting passes ran faster so.
 #: 6: a model's few-row products run transposed where its whole forwards ran faster so, one row padded to two.
-REVISION = 6
+#: 7: whole-forward choices whose two ways came out within ``_FORWARD_UNSURE`` are timed for more rounds.
+REVISION = 7
 # A whole-forward rule (one-row copies, transposed products) changes a model's products only where its forwards ran
 # this many times faster so: below that the medians of a few forwards cannot tell the two apart on a loaded machine,
 # and the rule's extra operations would then be paid on every such step for a gain that may not be there.
@@ -95,6 +98,12 @@ _FORWARD_MARGIN = 1.05
 # Rounds of a whole-forward measurement (each times both ways, in alternating order) and forwards per way and round.
 _FORWARD_ROUNDS = 3
 _FORWARD_REPEATS = 5
+# Where the two ways' medians after _FORWARD_ROUNDS rounds lie within this factor of each other, both are timed for
+# _FORWARD_MORE_ROUNDS more and all the rounds decide: on a 2-core EPYC in a noisy stretch three rounds put a one-token
+# forward at 44.5 ms as ranked against 44.0 ms transposed (kept as ranked, and cached), where twelve rounds later read
+# 53.4 against 40.5 ms, transposed faster in 11 of 12 (docs/fast_path.rst, "Few rows, measured again where unsure").
+_FORWARD_UNSURE = 1.25
+_FORWARD_MORE_ROUNDS = 6
 #: Product row counts (rows × new tokens of a forward) at which whole forwards decide whether every product of a
 #: model runs ``transposed`` (``FastPath.measure_transposed``): where BLAS kernels for few rows differ most.
 TRANSPOSED_ROWS = tuple(range(1, 9))
@@ -209,6 +218,13 @@ def _alternating(rounds: int) -> list[bool]:
     """Both ways of a whole-forward measurement for each of ``rounds`` rounds, the first way alternating (False, True,
     True, False, ...), so that a drift in the machine's pace hits both alike."""
     return [way for index in range(rounds) for way in ((False, True) if index % 2 == 0 else (True, False))]
+
+
+def _more_rounds_needed(first: list[float], second: list[float]) -> bool:
+    """Whether the two ways' median seconds so far lie within ``_FORWARD_UNSURE`` of each other, where a few rounds on a
+    noisy machine cannot tell them apart (and a wrong choice is cached for good), so both are timed for more rounds."""
+    ratio = statistics.median(first) / statistics.median(second)
+    return 1 / _FORWARD_UNSURE < ratio < _FORWARD_UNSURE
 
 
 def _model_key(model: torch.nn.Module, copied: list[tuple[int, str]]) -> str:
@@ -577,7 +593,8 @@ class FastPath:
         tokens; or, for a module that is not a model, such as a drafter, ``forward``: a call that runs it once
         as it runs in use, one row on this fast path, and returns the seconds that took) are timed both ways,
         ``_FORWARD_ROUNDS`` rounds in alternating order (with a progress
-        bar when ``progress``), and the medians decide (``OneRowChoice.copies``). Once per machine, model
+        bar when ``progress``), ``_FORWARD_MORE_ROUNDS`` more where the two came out close (``_more_rounds_needed``), and
+        the medians decide (``OneRowChoice.copies``). Once per machine, model
         and set of copied weights: the result is cached with the choices. Call it before generating on
         this fast path, not while another thread does: the measurement switches the rule back and forth.
         Copies granted to ``model``'s weights after it (a later ``reserve``) keep their weights at one
@@ -624,16 +641,20 @@ class FastPath:
             def forward() -> float:
                 return measure_step_time(model, 1, 1, 256, self, repeats=_FORWARD_REPEATS).seconds
 
-        order = _alternating(_FORWARD_ROUNDS)
-        if progress:
-            from tqdm.auto import tqdm
-
-            order = tqdm(order, desc=f"dspark fast path: timing one-row passes of {type(model).__name__} (once per machine and model)", unit="way")
         seconds: dict[bool, list[float]] = {False: [], True: []}
         try:
-            for copies in order:
-                self._use_one_row(weights, copies)
-                seconds[copies].append(forward())
+            for rounds in (_FORWARD_ROUNDS, _FORWARD_MORE_ROUNDS):
+                if rounds == _FORWARD_MORE_ROUNDS and not _more_rounds_needed(seconds[False], seconds[True]):
+                    break
+                order = _alternating(rounds)
+                if progress:
+                    from tqdm.auto import tqdm
+
+                    more = " (more rounds: the two ways came out close)" if rounds == _FORWARD_MORE_ROUNDS else ""
+                    order = tqdm(order, desc=f"dspark fast path: timing one-row passes of {type(model).__name__} (once per machine and model){more}", unit="way")
+                for copies in order:
+                    self._use_one_row(weights, copies)
+                    seconds[copies].append(forward())
         except (AttributeError, TypeError, ValueError, RuntimeError) as error:  # a model that cannot step alone
             logger.warning("fast path: could not time %s's one-row pass (%s); its one-row products keep their weights", type(model).__name__, error)
             return None
@@ -662,8 +683,9 @@ class FastPath:
         step over two rows took 31.8 ms with every product transposed against 49.4 ms as ranked, and over one row,
         padded to two, 31.4 against 40.5 ms (docs/fast_path.rst, "Few rows, measured on whole forwards"). So for
         each row count M, whole forwards of one row and M new tokens after 256 cached tokens are timed both ways,
-        ``_FORWARD_ROUNDS`` rounds in alternating order (with a progress bar when ``progress``), and the medians
-        decide (``TransposedChoice.transposed``). Call it after ``measure_one_row`` (the ranked way at one row is
+        ``_FORWARD_ROUNDS`` rounds in alternating order (with a progress bar when ``progress``), ``_FORWARD_MORE_ROUNDS``
+        more for each row count whose two ways came out close (``_more_rounds_needed``), and the medians decide
+        (``TransposedChoice.transposed``). Call it after ``measure_one_row`` (the ranked way at one row is
         what that chose), before generating on this fast path, not while another thread does. Once per machine,
         model and set of copied weights: the result is cached with the choices, and a row count measured before is
         not timed again."""
@@ -699,16 +721,21 @@ class FastPath:
         timed alone. Leaves no product transposed, whatever happens."""
         from dspark.cost_models.profiling import measure_step_time  # it times forwards on a FastPath
 
-        order = [(count, transposed) for count in counts for transposed in _alternating(_FORWARD_ROUNDS)]
-        if progress:
-            from tqdm.auto import tqdm
-
-            order = tqdm(order, desc=f"dspark fast path: timing few-row passes of {type(model).__name__} (once per machine and model)", unit="way")
         seconds: dict[tuple[int, bool], list[float]] = {(count, transposed): [] for count in counts for transposed in (False, True)}
         try:
-            for count, transposed in order:
-                self._use_transposed(weights, {count} if transposed else set())
-                seconds[(count, transposed)].append(measure_step_time(model, 1, count, 256, self, repeats=_FORWARD_REPEATS).seconds)
+            timed = counts
+            for rounds in (_FORWARD_ROUNDS, _FORWARD_MORE_ROUNDS):
+                if rounds == _FORWARD_MORE_ROUNDS:
+                    timed = [count for count in counts if _more_rounds_needed(seconds[(count, False)], seconds[(count, True)])]
+                order = [(count, transposed) for count in timed for transposed in _alternating(rounds)]
+                if progress and order:
+                    from tqdm.auto import tqdm
+
+                    more = " (more rounds where the two ways came out close)" if rounds == _FORWARD_MORE_ROUNDS else ""
+                    order = tqdm(order, desc=f"dspark fast path: timing few-row passes of {type(model).__name__} (once per machine and model){more}", unit="way")
+                for count, transposed in order:
+                    self._use_transposed(weights, {count} if transposed else set())
+                    seconds[(count, transposed)].append(measure_step_time(model, 1, count, 256, self, repeats=_FORWARD_REPEATS).seconds)
         except (AttributeError, TypeError, ValueError, RuntimeError) as error:  # a model that cannot step alone
             logger.warning("fast path: could not time %s's few-row passes (%s); its products keep their rankings", type(model).__name__, error)
             return None

@@ -824,8 +824,8 @@ def test_a_draft_models_weights_are_included(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("faster", [True, False], ids=["copies faster", "weights faster"])
 def test_a_drafters_one_row_products_read_its_copies_where_its_drafting_passes_ran_faster_so(faster, tmp_path, monkeypatch):
-    """wrap times the drafter's one-row drafting passes both ways (three rounds, alternating) and its one-row products
-    read its copies only where those passes ran faster so; describe() reports it."""
+    """wrap times the drafter's one-row drafting passes both ways (three rounds, alternating: the two ways are a factor 2
+    apart) and its one-row products read its copies only where those passes ran faster so; describe() reports it."""
     monkeypatch.setattr(fast_path, "_seconds", _ranked_first("packed"))
     target = build_model("llama")
     drafter = tiny_semi_ar_drafter(target)
@@ -835,13 +835,14 @@ def test_a_drafters_one_row_products_read_its_copies_where_its_drafting_passes_r
     def timed_pass(target_, drafter_, fast_path_, max_draft_tokens):
         assert max_draft_tokens == drafter_.max_draft_tokens  # the whole block the drafter drafts
         ways.append(fast_path_.one_row_copies(drafter_))
-        return 1.0 if faster and ways[-1] else 2.0
+        return 1.0 if ways[-1] is faster else 2.0
 
     monkeypatch.setattr(dspark.speculative, "one_row_draft_seconds", timed_pass)
     dspark.wrap(target, drafter, fast_path=path)
     assert ways == [False, True, True, False, False, True]
     assert path.one_row_copies(drafter) is faster and not path.one_row_copies(target)
-    assert f"SemiARDrafter, one row: 2000.00 ms on the weights, {1000.0 if faster else 2000.0:.2f} ms on the copies" in path.describe()
+    on_weights, on_copies = (2000.0, 1000.0) if faster else (1000.0, 2000.0)
+    assert f"SemiARDrafter, one row: {on_weights:.2f} ms on the weights, {on_copies:.2f} ms on the copies" in path.describe()
     used = _formulations_used(monkeypatch)
     weight = next(weight for weight in linear_weights(drafter) if path.is_reserved(weight))
     x = torch.randn(1, weight.shape[1])
@@ -941,3 +942,56 @@ def test_half_precision_products_stay_close_to_f_linear(dtype, formulation, tmp_
         assert routed.dtype == dtype and routed.shape == (rows, 96)
         assert torch.allclose(routed.float(), F.linear(x, layer.weight, layer.bias).float(), rtol=2e-2, atol=2e-2)
     assert (path.copy_bytes > 0) == (supported and formulation in COPYING)
+
+
+def test_whole_forward_ways_that_come_out_close_are_timed_for_more_rounds():
+    """Two ways within 1.25× of each other after three rounds are timed for six more and all nine decide; ways further
+    apart are decided on the three (the noisy-stretch numbers of a 2-core EPYC: 44.5 against 44.0 ms, then 53.4
+    against 40.5)."""
+    assert fast_path._more_rounds_needed([44.5], [44.0]) and fast_path._more_rounds_needed([40.0], [49.0])
+    assert not fast_path._more_rounds_needed([53.4], [40.5]) and not fast_path._more_rounds_needed([40.0], [51.0])
+
+
+def test_a_few_row_count_whose_ways_came_out_close_is_timed_again_and_decided_on_every_round(tmp_path, monkeypatch):
+    """At one product row the first three rounds read the two ways within 2% (ranked would stay), the six more rounds
+    read transposed far faster: all nine rounds decide, transposed. At two rows the ways were clearly apart from the
+    start: three rounds each, no more."""
+    from dspark.cost_models import profiling
+
+    model = build_model("llama")
+    path = FastPath.for_model(model, cache_dir=tmp_path, copy_budget=0, progress=False)
+    timed = {(count, way): [] for count in (1, 2) for way in (False, True)}
+    early = {(1, False): 44.5e-3, (1, True): 44.0e-3, (2, False): 51.4e-3, (2, True): 39.9e-3}
+    later = {(1, False): 53.4e-3, (1, True): 40.5e-3, (2, False): 51.4e-3, (2, True): 39.9e-3}
+
+    def forward(model, rows, tokens, context, fast, repeats):
+        way = (tokens, tokens in fast.transposed_rows(model))
+        timed[way].append(1)
+        seconds = (early if len(timed[way]) <= fast_path._FORWARD_ROUNDS else later)[way]
+        return profiling.StepTiming(rows=rows, tokens=tokens, context=context, path="fast", seconds=seconds, repeats=repeats)
+
+    monkeypatch.setattr(profiling, "measure_step_time", forward)
+    choices = _TIME_TRANSPOSED(path, model, linear_weights(model), [1, 2], progress=False)
+    rounds = fast_path._FORWARD_ROUNDS + fast_path._FORWARD_MORE_ROUNDS
+    assert {way: len(calls) for way, calls in timed.items()} == {(1, False): rounds, (1, True): rounds, (2, False): 3, (2, True): 3}
+    assert choices[1] == TransposedChoice(rows=1, seconds_ranked=53.4e-3, seconds_transposed=40.5e-3) and choices[1].transposed
+    assert choices[2].transposed and path.transposed_rows(model) == ()
+
+
+def test_a_one_row_choice_whose_ways_came_out_close_is_timed_for_more_rounds(tmp_path):
+    """The one-row measurement times both ways for six more rounds where three read them within 1.25×, and decides on
+    all nine; with the ways apart it stops at three."""
+    model = build_model("llama")
+    path = FastPath.for_model(model, cache_dir=tmp_path, copy_budget=0, progress=False)
+    weights = linear_weights(model)
+    for first, later, rounds in (((44.5e-3, 44.0e-3), (53.4e-3, 40.5e-3), 9), ((60.0e-3, 45.0e-3), (60.0e-3, 45.0e-3), 3)):
+        calls = []
+
+        def forward():
+            copies = path.one_row_copies(model)
+            calls.append(copies)
+            return (first if calls.count(copies) <= fast_path._FORWARD_ROUNDS else later)[int(copies)]
+
+        choice = path._time_one_row(model, weights, False, forward)
+        assert len(calls) == 2 * rounds and calls.count(True) == rounds
+        assert choice == OneRowChoice(seconds_without=later[0], seconds_with=later[1]) and choice.copies
