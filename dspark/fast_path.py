@@ -643,14 +643,14 @@ class FastPath:
 
         seconds: dict[bool, list[float]] = {False: [], True: []}
         try:
-            for rounds in (_FORWARD_ROUNDS, _FORWARD_MORE_ROUNDS):
-                if rounds == _FORWARD_MORE_ROUNDS and not _more_rounds_needed(seconds[False], seconds[True]):
+            for more_rounds, rounds in ((False, _FORWARD_ROUNDS), (True, _FORWARD_MORE_ROUNDS)):
+                if more_rounds and not _more_rounds_needed(seconds[False], seconds[True]):
                     break
                 order = _alternating(rounds)
                 if progress:
                     from tqdm.auto import tqdm
 
-                    more = " (more rounds: the two ways came out close)" if rounds == _FORWARD_MORE_ROUNDS else ""
+                    more = " (more rounds: the two ways came out close)" if more_rounds else ""
                     order = tqdm(order, desc=f"dspark fast path: timing one-row passes of {type(model).__name__} (once per machine and model){more}", unit="way")
                 for copies in order:
                     self._use_one_row(weights, copies)
@@ -724,14 +724,14 @@ class FastPath:
         seconds: dict[tuple[int, bool], list[float]] = {(count, transposed): [] for count in counts for transposed in (False, True)}
         try:
             timed = counts
-            for rounds in (_FORWARD_ROUNDS, _FORWARD_MORE_ROUNDS):
-                if rounds == _FORWARD_MORE_ROUNDS:
+            for more_rounds, rounds in ((False, _FORWARD_ROUNDS), (True, _FORWARD_MORE_ROUNDS)):
+                if more_rounds:
                     timed = [count for count in counts if _more_rounds_needed(seconds[(count, False)], seconds[(count, True)])]
                 order = [(count, transposed) for count in timed for transposed in _alternating(rounds)]
                 if progress and order:
                     from tqdm.auto import tqdm
 
-                    more = " (more rounds where the two ways came out close)" if rounds == _FORWARD_MORE_ROUNDS else ""
+                    more = " (more rounds where the two ways came out close)" if more_rounds else ""
                     order = tqdm(order, desc=f"dspark fast path: timing few-row passes of {type(model).__name__} (once per machine and model){more}", unit="way")
                 for count, transposed in order:
                     self._use_transposed(weights, {count} if transposed else set())
