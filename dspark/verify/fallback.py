@@ -855,11 +855,8 @@ class GoodputFallbackRun:
         priced = [min(max(length, 1), gamma) if self.observed[row] else gamma for row, length in zip(rows, lengths)]
         # The margin explores: on one drafted step in probe_after, so that λ_r can grow where deeper tokens pay.
         drafted = [min(max(length + margin, 1), gamma) if self._explores(row) else depth for row, length, depth in zip(rows, lengths, priced)]
-        if priced == drafted:
-            settled = self._settled_depths(len(rows), drafted)[0]
-            return settled, settled
-        settled_drafted, settled_priced = self._settled_depths(len(rows), drafted, priced)
-        return settled_drafted, settled_priced
+        settled = self._settled_depths(len(rows), *((drafted,) if priced == drafted else (drafted, priced)))
+        return settled[0], settled[-1]
 
     def _settled_depths(self, rows: int, *depth_lists: list[int]) -> list[list[int]]:
         """Each of ``depth_lists`` for a forward over ``rows`` rows, as drafted: γ for every row where a whole block costs

@@ -359,11 +359,12 @@ class HardwareAwareScheduler:
         cost model's step time."""
         prefix, limits = _prefix_and_limits(self, survival, limits)
         draft_seconds = _draft_seconds(cost_model, prefix, context) if self.include_draft_cost else 0.0
-        # At one row a weight scales every Θ alike, so it cannot move where Θ stops rising: not computed there.
-        weights = _priority(context) if prefix.shape[0] > 1 else None
-        if self.static_batch and context is not None and context.remaining is not None and prefix.shape[0] > 1:
-            finishing = finishing_weights(context.remaining, cost_model.step_time).to(prefix.device)
-            weights = finishing if weights is None else finishing * weights.to(finishing.device, finishing.dtype)
+        weights = None
+        if prefix.shape[0] > 1:  # at one row a weight scales every Θ alike, so it cannot move where Θ stops rising
+            weights = _priority(context)
+            if self.static_batch and context is not None and context.remaining is not None:
+                finishing = finishing_weights(context.remaining, cost_model.step_time).to(prefix.device)
+                weights = finishing if weights is None else finishing * weights.to(finishing.device, finishing.dtype)
         if self.admission == "columns":
             return column_schedule(prefix, limits, cost_model.step_time, draft_seconds, weights=weights, look_ahead=self.look_ahead)
         return prefix_schedule(prefix, limits, cost_model.step_time, draft_seconds, early_stop=True, weights=weights)
