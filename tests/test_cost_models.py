@@ -37,7 +37,7 @@ from dspark.cost_models import (
 from dspark.cost_models import profiled as profiled_module
 from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.drafters import PromptLookupDrafter
-from dspark.fast_path import REVISION, FastPath, OneRowChoice, TransposedChoice, linear_weights
+from dspark.fast_path import REVISION, FastPath, OneRowChoice, TransposedChoice, linear_weights, row_bucket
 from dspark.protocols import CostModel
 from dspark.types import GenerationStart, SamplingConfig
 from tests.conftest import build_model, tiny_semi_ar_drafter
@@ -817,6 +817,43 @@ def test_online_answers_kept_between_observations_equal_answers_computed_afresh(
             fresh.observe_step(fresh_rows, fresh_tokens, fresh_observed)
             fresh.observe_draft(fresh_rows, fresh_observed / 4, fresh_tokens)
         assert answers(asked) == answers(fresh)
+
+
+def _corner_maximum(surface, rows: int, tokens: int) -> float:
+    """The documented answer of an online surface at (rows, tokens), without its cache: the maximum over one corner per
+    cell at or below the query of the cell's h there, an unobserved cell's capped by its bound."""
+    rows_up_to = [bucket for bucket in (*range(1, 17), 32, 64) if bucket <= row_bucket(rows)]
+    tokens_up_to = [bucket for bucket in (*range(1, 17), 32, 64) if bucket <= row_bucket(tokens)]
+    token_cells = tokens_up_to if surface.monotone_in_tokens else [row_bucket(tokens)]
+    values = [0.0]
+    for row_cell in rows_up_to:
+        for token_cell in token_cells:
+            corner = ((row_cell, token_cell), min(row_cell, rows), min(token_cell, tokens))
+            value = surface._usual(*corner)
+            values.append(value if corner[0] in surface.cells else min(value, surface._bound(*corner)))
+    return max(values) * surface.pace.value
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    cost_grids(),
+    st.lists(st.tuples(st.sampled_from([1, 2, 3, 17]), st.integers(1, 9), st.floats(0.0, 5.0)), min_size=1, max_size=20),
+    st.permutations([(row_count, depth) for row_count in (1, 2, 5, 17) for depth in (1, 2, 3, 4, 7, 9, 20)]),
+)
+def test_online_answers_in_any_order_equal_the_corner_maximum(grid, observations, order):
+    """Asked in any order between observations (a deep pass's answer built on the one a token shallower), drafting and
+    step answers equal the maximum over their cells' corners computed afresh."""
+    rows, tokens, seconds = grid
+    table = CostTable(rows=rows, tokens=tokens, step_seconds=seconds, draft_rows=rows, draft_depths=tokens, draft_seconds=seconds)
+    model = OnlineCorrectedCostModel(ProfiledCostModel(table), smoothing=0.5)
+    for row_count, token_count, observed in observations:
+        model.observe_step(row_count, token_count, observed)
+        model.observe_draft(row_count, observed / 4, token_count)
+        for point in order[: len(order) // 2]:
+            assert model.draft_time(*point) == _corner_maximum(model._drafts, *point)
+            assert model.step_time(*point) == _corner_maximum(model._steps, *point)
+    for point in order:
+        assert model.draft_time(*point) == _corner_maximum(model._drafts, *point)
 
 
 def test_a_wider_step_observed_cheaper_than_a_narrower_one_is_priced_cheaper():

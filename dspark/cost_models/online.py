@@ -243,7 +243,7 @@ class _CorrectedSurface:
         # Answers until an observation that can change them. A settled cell's k is its own smoothed ratio alone, so an
         # answer read only from settled cells changes only when one of them is observed; every other answer, each
         # unsettled cell's k and every bound may read g, a neighbour or the cells' list, so any observation drops them.
-        self._answers: dict[tuple[int, int], float] = {}
+        self._answers: dict[tuple[int, int], tuple[float, tuple[tuple[int, int], ...] | None]] = {}  # ``_answer``'s
         self._readers: dict[tuple[int, int], set[tuple[int, int]]] = {}  # settled cell → the answers read from it
         self._unsettled_answers: set[tuple[int, int]] = set()  # answers read from a cell not settled, or unobserved
         self._corrections: dict[tuple[int, int], float] = {}  # unsettled and unobserved cells' k
@@ -368,41 +368,57 @@ class _CorrectedSurface:
         return bound
 
     def __call__(self, rows: int, tokens: int) -> float:
-        answer = self._answers.get((rows, tokens))
-        if answer is not None:
-            return answer * self.pace.value
+        return self._answer(rows, tokens)[0] * self.pace.value
+
+    def _answer(self, rows: int, tokens: int) -> tuple[float, tuple[tuple[int, int], ...] | None]:
+        """The cumulative maximum at (rows, tokens) at the usual pace, cached, and the settled cells it read (None where
+        it read a cell not settled, or unobserved). Where the surface is monotone in tokens and ``tokens`` ≤ 16, every
+        token bucket is one count, so the maximum over the buckets below ``tokens`` is the answer one token down: it is
+        taken from there (cached, or computed the same way), and a pass asked at depths 1..γ in turn, as the fallback
+        asks, evaluates each cell's corner once rather than once per depth at or above it."""
+        point = (rows, tokens)
+        known = self._answers.get(point)
+        if known is not None:
+            return known
         # One corner per cell at or below the query's: the cell's top, or the query where the cell holds it.
         row_corners = [(bucket, min(bucket, rows)) for bucket in _buckets_up_to(rows)]
-        token_buckets = _buckets_up_to(tokens) if self.monotone_in_tokens else [row_bucket(tokens)]
-        token_corners = [(bucket, min(bucket, tokens)) for bucket in token_buckets]
+        if self.monotone_in_tokens and 1 < tokens <= 16:
+            answer, reads = self._answer(rows, tokens - 1)
+            token_corners = [(tokens, tokens)]
+        else:
+            answer, reads = 0.0, ()
+            token_buckets = _buckets_up_to(tokens) if self.monotone_in_tokens else [row_bucket(tokens)]
+            token_corners = [(bucket, min(bucket, tokens)) for bucket in token_buckets]
         observed, unobserved = [], []
         for row_cell, row_count in row_corners:
             for token_cell, token_count in token_corners:
                 key = (row_cell, token_cell)
                 (observed if key in self.cells else unobserved).append((key, row_count, token_count))
-        answer = max((self._usual(*corner) for corner in observed), default=0.0)
+        answer = max([answer, *(self._usual(*corner) for corner in observed)])
         for corner in unobserved:
             value = self._usual(*corner)
             if value > answer:  # only then can its bound matter, and looking it up costs a pass over the cells
                 answer = max(answer, min(value, self._bound(*corner)))
-        self._remember(rows, tokens, answer, [] if unobserved else observed)
-        return answer * self.pace.value
+        if reads is not None and not unobserved and all(self._settled_at(*corner) for corner in observed):
+            reads = reads + tuple(key for key, _, _ in observed)
+        else:
+            reads = None
+        self._remember(point, answer, reads)
+        return answer, reads
 
-    def _remember(self, rows: int, tokens: int, answer: float, corners: list[tuple[tuple[int, int], int, int]]) -> None:
-        """Cache ``answer`` for (rows, tokens), at the usual pace (π changes with every step, even of another surface),
-        listed under the cells of ``corners`` where every one is settled (no corner: read from unobserved cells), else
-        among the answers any observation drops."""
+    def _remember(self, point: tuple[int, int], answer: float, reads: tuple[tuple[int, int], ...] | None) -> None:
+        """Cache ``answer`` for ``point``, at the usual pace (π changes with every step, even of another surface),
+        listed under the settled cells it ``reads``, else (None) among the answers any observation drops."""
         if len(self._answers) >= _CACHE_LIMIT:
             self._answers.clear()
             self._readers.clear()
             self._unsettled_answers.clear()
-        point = (rows, tokens)
-        self._answers[point] = answer
-        if corners and all(self._settled_at(*corner) for corner in corners):
-            for key, _, _ in corners:
-                self._readers.setdefault(key, set()).add(point)
-        else:
+        self._answers[point] = (answer, reads)
+        if reads is None:
             self._unsettled_answers.add(point)
+        else:
+            for key in reads:
+                self._readers.setdefault(key, set()).add(point)
 
 
 class OnlineCorrectedCostModel:
