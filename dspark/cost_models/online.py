@@ -57,18 +57,19 @@ took longer in the loop than one of two rows and two or three tokens (52.5 again
 ``benchmarks/results/bench_step_widths.json``). A maximum over tokens priced every wider step at least that dear
 narrow one; deep steps then looked nearly free beside the cheaper two and three tokens they were compared with, and
 the scheduler verified four and five tokens at two rows, whose steps took 58.5 and 56.5 ms.
-Each observed step cell answers what its steps took; one priced too low is chosen, so observed, and corrected. Within
-a cell the correction is one number and t₀ is monotone, so that maximum is attained at one corner per cell — the
-smaller of the cell's top and the query along each axis it runs over — and it takes one base evaluation
-per cell below the query. A cell never observed enters that maximum at no more than what any observed cell
-at or above it in rows (and, for drafting, in depth; for a step, of its token bucket) answers, at that cell's least
-point at or above the corner: a forward over no more rows takes no longer than one measured on this machine, while
-the profile's entry for a cell no step
-observes may have been timed in a burst of another process's work, and through the maximum it would price every
-larger batch, an error no step could correct (at four rows, a profile's noisy one- and two-row one-token entries
-priced every skipped step above what the four-row steps took, so skipping looked dear and drafting paid on paper).
-Answers are cached until an observation that can change them: one of a settled cell they read, or any at all where
-they read a cell not settled or not observed (a settled cell's k is its own smoothed ratio, which nothing else moves).
+Each observed step cell answers what its steps took; one priced too low is chosen, so observed, and corrected.
+Within a cell the correction is one number and t₀ is monotone, so that maximum is attained at one corner per cell —
+the smaller of the cell's top and the query along each axis it runs over — and it takes one base evaluation per cell
+below the query (a drafting answer up to 16 deep reads the one a token shallower and the cells at its own depth
+only, ``_CorrectedSurface._answer``). A cell never observed enters that maximum at no more than what any observed
+cell at or above it in rows (and, for drafting, in depth; for a step, of its token bucket) answers, at that cell's
+least point at or above the corner: a forward over no more rows takes no longer than one measured on this machine,
+while the profile's entry for a cell no step observes may have been timed in a burst of another process's work, and
+through the maximum it would price every larger batch, an error no step could correct (at four rows, a profile's
+noisy one- and two-row one-token entries priced every skipped step above what the four-row steps took, so skipping
+looked dear and drafting paid on paper). Answers are cached until an observation that can change them: one of a
+settled cell they read, or any at all where they read a cell not settled or not observed (a settled cell's k is its
+own smoothed ratio, which nothing else moves).
 
 A shared machine's pace changes from one second to the next (another tenant's work on a cloud CPU): the same
 forward runs fast for a while, then slow (``benchmarks/results/bench_pace.json``: consecutive four-row forwards'
