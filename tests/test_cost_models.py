@@ -5,6 +5,7 @@ import inspect
 import json
 import math
 import random
+from unittest import mock
 
 import attrs
 import pytest
@@ -34,6 +35,7 @@ from dspark.cost_models import (
     save_sglang_sps,
     to_sglang_sps,
 )
+from dspark.cost_models import online as online_module
 from dspark.cost_models import profiled as profiled_module
 from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.drafters import PromptLookupDrafter
@@ -837,23 +839,46 @@ def _corner_maximum(surface, rows: int, tokens: int) -> float:
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(
     cost_grids(),
-    st.lists(st.tuples(st.sampled_from([1, 2, 3, 17]), st.integers(1, 9), st.floats(0.0, 5.0)), min_size=1, max_size=20),
-    st.permutations([(row_count, depth) for row_count in (1, 2, 5, 17) for depth in (1, 2, 3, 4, 7, 9, 20)]),
+    st.lists(st.tuples(st.sampled_from([1, 2, 3, 17]), st.integers(1, 20), st.floats(0.0, 5.0)), min_size=1, max_size=20),
+    st.permutations([(row_count, depth) for row_count in (1, 2, 5, 17) for depth in (1, 2, 3, 4, 7, 9, 12, 16, 17, 20)]),
+    st.sampled_from([3, 4096]),
+    st.lists(st.floats(0.0, 5.0), min_size=17, max_size=17),
 )
-def test_online_answers_in_any_order_equal_the_corner_maximum(grid, observations, order):
+def test_online_answers_in_any_order_equal_the_corner_maximum(grid, observations, order, cache_limit, first_seen):
     """Asked in any order between observations (a deep pass's answer built on the one a token shallower), drafting and
-    step answers equal the maximum over their cells' corners computed afresh."""
+    step answers equal the maximum over their cells' corners computed afresh, also where the answer cache fills and is
+    emptied while a deep answer is being built. Every depth of one and two rows is seen first, so that most answers
+    there read settled cells only and stay cached until an observation of one of them."""
     rows, tokens, seconds = grid
     table = CostTable(rows=rows, tokens=tokens, step_seconds=seconds, draft_rows=rows, draft_depths=tokens, draft_seconds=seconds)
-    model = OnlineCorrectedCostModel(ProfiledCostModel(table), smoothing=0.5)
-    for row_count, token_count, observed in observations:
-        model.observe_step(row_count, token_count, observed)
-        model.observe_draft(row_count, observed / 4, token_count)
-        for point in order[: len(order) // 2]:
+    with mock.patch.object(online_module, "_CACHE_LIMIT", cache_limit):
+        model = OnlineCorrectedCostModel(ProfiledCostModel(table), smoothing=0.5)
+        for depth, observed in enumerate(first_seen, start=1):
+            for row_count in (1, 2):
+                model.observe_step(row_count, depth, observed)
+                model.observe_draft(row_count, observed / 4, depth)
+        for row_count, token_count, observed in observations:
+            model.observe_step(row_count, token_count, observed)
+            model.observe_draft(row_count, observed / 4, token_count)
+            for point in order[: len(order) // 2]:
+                assert model.draft_time(*point) == _corner_maximum(model._drafts, *point)
+                assert model.step_time(*point) == _corner_maximum(model._steps, *point)
+        for point in order:
             assert model.draft_time(*point) == _corner_maximum(model._drafts, *point)
-            assert model.step_time(*point) == _corner_maximum(model._steps, *point)
-    for point in order:
-        assert model.draft_time(*point) == _corner_maximum(model._drafts, *point)
+
+
+def test_a_deep_drafting_answer_follows_an_observation_of_a_shallower_cell():
+    """A drafting answer built on the one a token shallower is dropped with it: once every depth has settled, a
+    shallower cell it read observed slower raises the deep answer, which reads the maximum over depths."""
+    flat = ((1.0, 1.0), (1.0, 1.0))
+    model = _steady(ProfiledCostModel(CostTable(rows=(1, 2), tokens=(1, 4), step_seconds=flat, draft_rows=(1, 2), draft_depths=(1, 4),
+                                                draft_seconds=flat)), smoothing=0.5)
+    for depth in range(1, 18):
+        model.observe_draft(1, 1.0, depth)
+    assert model.draft_time(1, 12) == 1.0
+    model.observe_draft(1, 1.9, 5)
+    assert model.draft_time(1, 12) == model.draft_time(1, 5) == pytest.approx(1.45)
+    assert model.draft_time(1, 4) == 1.0
 
 
 def test_a_wider_step_observed_cheaper_than_a_narrower_one_is_priced_cheaper():

@@ -369,7 +369,8 @@ class _CorrectedSurface:
         return bound
 
     def __call__(self, rows: int, tokens: int) -> float:
-        return self._answer(rows, tokens)[0] * self.pace.value
+        known = self._answers.get((rows, tokens))  # looked up here: a fallback at a few rows asks hundreds a step
+        return (known if known is not None else self._answer(rows, tokens))[0] * self.pace.value
 
     def _answer(self, rows: int, tokens: int) -> tuple[float, tuple[tuple[int, int], ...] | None]:
         """The cumulative maximum at (rows, tokens) at the usual pace, cached, and the settled cells it read (None where
