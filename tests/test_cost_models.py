@@ -824,11 +824,9 @@ def test_online_answers_kept_between_observations_equal_answers_computed_afresh(
 def _corner_maximum(surface, rows: int, tokens: int) -> float:
     """The documented answer of an online surface at (rows, tokens), without its cache: the maximum over one corner per
     cell at or below the query of the cell's h there, an unobserved cell's capped by its bound."""
-    rows_up_to = [bucket for bucket in (*range(1, 17), 32, 64) if bucket <= row_bucket(rows)]
-    tokens_up_to = [bucket for bucket in (*range(1, 17), 32, 64) if bucket <= row_bucket(tokens)]
-    token_cells = tokens_up_to if surface.monotone_in_tokens else [row_bucket(tokens)]
+    token_cells = online_module._buckets_up_to(tokens) if surface.monotone_in_tokens else [row_bucket(tokens)]
     values = [0.0]
-    for row_cell in rows_up_to:
+    for row_cell in online_module._buckets_up_to(rows):
         for token_cell in token_cells:
             corner = ((row_cell, token_cell), min(row_cell, rows), min(token_cell, tokens))
             value = surface._usual(*corner)
