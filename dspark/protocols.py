@@ -138,6 +138,14 @@ def _is_positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _is_hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 @attrs.frozen
 class Hook:
     """An optional member of a part: the value dspark assumes when it is absent, what a present one
@@ -208,6 +216,11 @@ COST_MODEL_HOOKS: dict[str, Hook] = {
     "observe_draft": Hook(
         None, callable, "a method observe_draft(rows, seconds, depth)",
         "each step's measured drafting time for rows rows drafted depth tokens deep, to correct the model online",
+    ),
+    "table_key": Hook(
+        None, _is_hashable, "a hashable value (an attribute or a property)",
+        "names the table the model answers from now, read after start; a wrapper that corrects the model online keeps its "
+        "corrections per key, so a generation back on an earlier table resumes them rather than learning afresh",
     ),
 }
 

@@ -583,17 +583,45 @@ def test_auto_profiled_model_profiles_each_shape_once_and_answers_from_the_curre
         model.start("32 rows")
 
 
-def test_online_correction_starts_afresh_when_its_base_switches_tables(target, tmp_path):
-    """OnlineCorrectedCostModel forwards start to its base and forgets its corrections when the base's table changes,
-    keeps them when it does not, and answers from the new table."""
+def test_online_correction_keeps_its_corrections_per_table_of_its_base(target, tmp_path):
+    """Behind an AutoProfiledCostModel, what OnlineCorrectedCostModel learnt on one table stays with that table: a
+    generation on another table answers from that table's profile, one back on the first resumes the corrections learnt
+    there, and the pace π is kept across tables."""
     base = AutoProfiledCostModel(target, tokens=(1, 2), base_rows=(1, 2), base_context=8, repeats=1, fast_path=False, cache_dir=tmp_path, progress=False)
     model = OnlineCorrectedCostModel(base, smoothing=0.5)
     for _ in range(10):
         model.observe_step(2, 2, 10.0)
-    assert model.start(_start(2, 4, 10)) is False and model.step_correction(2, 2) > 1.5
+    learnt, pace = model.step_correction(2, 2), model.report()["pace"]
+    assert learnt > 1.5 and pace != 1.0
+    assert model.start(_start(2, 4, 10)) is False and model.step_correction(2, 2) == learnt
     assert model.start(_start(4, 20, 24)) is True and model.step_correction(2, 2) == 1.0
-    assert model.step_time(4, 2) == base.current.step_time(4, 2)
-    assert OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1)).start(_start(1, 1, 2)) is False
+    assert model.step_time(4, 2) == pytest.approx(base.current.step_time(4, 2) * pace) and model.report()["tables"] == 2
+    model.observe_step(4, 2, 1.0)
+    assert model.start(_start(2, 4, 10)) is True and model.step_correction(2, 2) == learnt
+    assert model.report()["pace"] == pace  # the new table's first observation moved no π, and the switch kept it
+    assert model.start(_start(4, 20, 24)) is True and model.step_correction(4, 2) != 1.0
+
+
+class _UnnamedTables(ConstantCostModel):
+    """A cost model whose start says its answers changed at every generation, without naming its table."""
+
+    def start(self, generation: GenerationStart) -> bool:
+        return True
+
+
+def test_online_correction_forgets_everything_when_a_base_without_table_key_says_its_answers_changed():
+    """A base with a start hook but no table_key that says its answers changed makes OnlineCorrectedCostModel forget
+    its corrections and the pace; a base whose start says nothing changed keeps them."""
+    model = OnlineCorrectedCostModel(_UnnamedTables(step_seconds=0.1), smoothing=0.5)
+    for _ in range(10):
+        model.observe_step(2, 2, 0.3)
+    assert model.step_correction(2, 2) > 1.5 and model.report()["pace"] != 1.0
+    assert model.start(_start(2, 4, 10)) is True
+    assert model.step_correction(2, 2) == 1.0 and model.report()["pace"] == 1.0 and model.report()["tables"] == 1
+    steady = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=0.5)
+    for _ in range(10):
+        steady.observe_step(2, 2, 0.3)
+    assert steady.start(_start(1, 1, 2)) is False and steady.step_correction(2, 2) > 1.5
 
 
 def test_auto_profiled_model_refuses_bad_arguments(target, tmp_path):

@@ -5,7 +5,8 @@ import pytest
 
 import dspark
 from dspark.drafters import PromptLookupDrafter
-from dspark.protocols import DRAFTER_HOOKS, POLICY_HOOKS, check_hooks, hook
+from dspark.cost_models import ConstantCostModel
+from dspark.protocols import COST_MODEL_HOOKS, DRAFTER_HOOKS, POLICY_HOOKS, check_hooks, hook
 from dspark.verify import FixedLength, Threshold
 
 
@@ -80,6 +81,21 @@ def test_bad_hooks_are_refused_at_wrap(llama, part, hooks, message):
     drafter, policy = (part, None) if hooks is DRAFTER_HOOKS else (PromptLookupDrafter(), part)
     with pytest.raises(TypeError, match=message):
         dspark.wrap(llama, drafter, policy=policy)
+
+
+class _ListKeyed(ConstantCostModel):
+    """A cost model that names its table with an unhashable list."""
+
+    table_key = ["base"]
+
+
+def test_a_cost_model_table_key_must_be_hashable(llama):
+    """table_key is None by default and refused at wrap, naming the hook, when it cannot key a dict."""
+    assert hook(ConstantCostModel(step_seconds=0.1), "table_key", COST_MODEL_HOOKS) is None
+    with pytest.raises(TypeError, match="cost_model.table_key of _ListKeyed must be a hashable value"):
+        check_hooks(_ListKeyed(step_seconds=0.1), COST_MODEL_HOOKS, "cost_model")
+    with pytest.raises(TypeError, match="cost_model.table_key of _ListKeyed must be a hashable value"):
+        dspark.wrap(llama, PromptLookupDrafter(), cost_model=_ListKeyed(step_seconds=0.1))
 
 
 def test_a_policy_that_needs_survival_is_refused_at_wrap_without_an_estimator(llama):

@@ -119,13 +119,20 @@ class AutoProfiledCostModel:
 
     def start(self, generation: GenerationStart) -> bool:
         """Answer from the table of ``generation``'s shape, profiling it first if needed; True when that
-        is another table than before (a wrapper that learnt corrections of the old one starts afresh)."""
+        is another table than before (``table_key`` names which)."""
         if not isinstance(generation, GenerationStart):
             raise TypeError(f"generation must be a dspark.types.GenerationStart, got {type(generation).__name__}")
         shape = self.shape(generation)
         self.profiled(shape)
         changed, self.current_shape = shape != self.current_shape, shape
         return changed
+
+    @property
+    def table_key(self) -> tuple[tuple[int, ...], int]:
+        """The cost-model hook that names the table answering now: its shape, ``current_shape``. An
+        ``OnlineCorrectedCostModel`` around this model keeps its corrections per shape, so a generation back
+        on a shape it has seen resumes them."""
+        return self.current_shape
 
     @property
     def current(self) -> ProfiledCostModel:

@@ -1,7 +1,14 @@
 """A cost model that learns, while generating, how far another one is off on this machine.
 
 It keeps two sets of what follows, one learnt from greedy generations and one from sampled ones, and a
-generation's ``start`` picks the one its sampling needs: a sampled step does more around the same forward.
+generation's ``start`` picks the one its sampling needs: a sampled step does more around the same forward. Where the
+base answers from one of several tables (``AutoProfiledCostModel``: one per generation shape, named by its ``table_key``
+hook), it keeps both sets per table, and the pace π (below) across them: batches of prompts of different lengths take
+turns on two or three tables, and sets forgotten at each switch made every stretch start again from the profile alone
+(a trace at four rows, temperature 1, on training prompts switched tables at 4 of 10 generations; one generation back on
+the short-prompt table, on a fresh set, verified drafts on 44 of its 63 steps, where the one before it on that table,
+on the set it had learnt, verified none). A base
+without the hook that says, at ``start``, that its answers changed makes the model forget everything.
 
 Notation: t₀(R, T) and d₀(R, k) are the wrapped (base) model's step and drafting times for R rows of
 T new tokens, and of k drafted tokens (the drafting surface has depth k where the step surface has T;
@@ -444,39 +451,46 @@ class OnlineCorrectedCostModel:
         self._forget()
 
     def _forget(self) -> None:
-        """Start learning afresh: no cell observed, the base's answers not yet read (for greedy and sampled steps), and
-        π at 1 (it is the pace against what the cells learnt)."""
-        self._surfaces: dict[bool, tuple[_CorrectedSurface, _CorrectedSurface]] = {}
+        """Start learning afresh: no cell observed, the base's answers not yet read (for any table, greedy and sampled
+        steps), and π at 1 (it is the pace against what the cells learnt)."""
+        self._surfaces: dict[tuple[object, bool], tuple[_CorrectedSurface, _CorrectedSurface]] = {}
         self._pace = _Pace(self.pace_smoothing)
+        self._table = hook(self.base, "table_key", COST_MODEL_HOOKS)
         self._learn_for(sampled=False)
 
     def _learn_for(self, sampled: bool) -> None:
-        """Answer from, and learn into, the corrections of greedy or of sampled generations: a sampled step also
-        warps the target's and the drafter's distributions over the vocabulary for every verified or drafted
-        position, so greedy steps' corrections would price its wider forwards and deeper passes too low."""
-        if sampled not in self._surfaces:
-            self._surfaces[sampled] = (
+        """Answer from, and learn into, the corrections of the base's table now (``_table``) for greedy or for sampled
+        generations: a sampled step also warps the target's and the drafter's distributions over the vocabulary for
+        every verified or drafted position, so greedy steps' corrections would price its wider forwards and deeper
+        passes too low."""
+        key = (self._table, sampled)
+        if key not in self._surfaces:
+            self._surfaces[key] = (
                 _CorrectedSurface(self.base.step_time, self.smoothing, profile_caps_unobserved=True, pace=self._pace, learns_pace=True,
                                   monotone_in_tokens=False),
                 _CorrectedSurface(self.base.draft_time, self.smoothing, profile_caps_unobserved=False, pace=self._pace, learns_pace=False,
                                   monotone_in_tokens=True),
             )
-        self._steps, self._drafts = self._surfaces[sampled]
+        self._steps, self._drafts = self._surfaces[key]
 
     def __repr__(self) -> str:
         return f"OnlineCorrectedCostModel({self.base!r}, smoothing={self.smoothing}, pace_smoothing={self.pace_smoothing})"
 
     def start(self, generation: GenerationStart) -> bool:
-        """Forward a generation's start to the base's optional ``start`` hook; when the base says its answers
-        changed (another profiled table), forget what was learnt, which corrected the old answers. Then use the
-        corrections of greedy or of sampled generations, by the generation's sampling (``_learn_for``). Returns
-        the base's answer (False for a base without the hook)."""
+        """Forward a generation's start to the base's optional ``start`` hook, then use the corrections of the
+        table the base answers from now, for greedy or for sampled generations by the generation's sampling
+        (``_learn_for``). A base with the ``table_key`` hook names its table, and each table keeps its own
+        corrections: a generation back on a table seen before resumes them (module docstring). A base without it
+        that says its answers changed (True) makes the model forget what it learnt, which corrected the old answers.
+        Returns the base's answer (False for a base without the hook)."""
         if not isinstance(generation, GenerationStart):
             raise TypeError(f"generation must be a GenerationStart, got {generation!r}")
         start = hook(self.base, "start", COST_MODEL_HOOKS)
         changed = bool(start(generation)) if start is not None else False
-        if changed:
+        table = hook(self.base, "table_key", COST_MODEL_HOOKS)
+        if changed and table is None:
             self._forget()
+        self._table = table
         self._learn_for(sampled=bool(generation.sampling.do_sample))
         return changed
 
@@ -520,9 +534,11 @@ class OnlineCorrectedCostModel:
         return self._steps.correction((row_bucket(rows), row_bucket(tokens)))
 
     def report(self) -> dict:
-        """What has been learnt for the kind of generation last started (greedy or sampled): the global step and
-        drafting corrections (at the usual pace), the pace π now, and how many cells were observed."""
+        """What has been learnt for the table and the kind of generation last started (greedy or sampled): the
+        global step and drafting corrections (at the usual pace), the pace π now, and how many cells were observed;
+        and how many of the base's tables have corrections (``tables``)."""
         return {
+            "tables": len({table for table, _ in self._surfaces}),
             "step_correction": self._steps.overall.ratio.smoothed,
             "draft_correction": self._drafts.overall.ratio.smoothed,
             "pace": self._pace.value,
