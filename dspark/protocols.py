@@ -219,8 +219,8 @@ COST_MODEL_HOOKS: dict[str, Hook] = {
     ),
     "table_key": Hook(
         None, _is_hashable, "a hashable value (an attribute or a property)",
-        "names the table the model answers from now, read after start; a wrapper that corrects the model online keeps its "
-        "corrections per key, so a generation back on an earlier table resumes them rather than learning afresh",
+        "names the table the model answers from now, read after start (equal keys must mean equal answers); a wrapper that "
+        "corrects the model online keeps its corrections per key, so a generation back on an earlier table resumes them",
     ),
 }
 

@@ -5,10 +5,10 @@ generation's ``start`` picks the one its sampling needs: a sampled step does mor
 base answers from one of several tables (``AutoProfiledCostModel``: one per generation shape, named by its ``table_key``
 hook), it keeps both sets per table, and the pace π (below) across them: batches of prompts of different lengths take
 turns on two or three tables, and sets forgotten at each switch made every stretch start again from the profile alone
-(a trace at four rows, temperature 1, on training prompts switched tables at 4 of 10 generations; one generation back on
-the short-prompt table, on a fresh set, verified drafts on 44 of its 63 steps, where the one before it on that table,
-on the set it had learnt, verified none). A base
-without the hook that says, at ``start``, that its answers changed makes the model forget everything.
+(in a trace, not in a committed benchmark: at four rows, temperature 1, on training prompts, the table switched at 4
+of 10 generations; one generation back on the short-prompt table, on a fresh set, verified drafts on 44 of its 63
+steps, where the one before it on that table, on the set it had learnt, verified none). A base whose ``start`` says
+its answers changed without naming another table (no hook, or the same key) makes the model forget everything.
 
 Notation: t₀(R, T) and d₀(R, k) are the wrapped (base) model's step and drafting times for R rows of
 T new tokens, and of k drafted tokens (the drafting surface has depth k where the step surface has T;
@@ -85,9 +85,17 @@ on most steps, keeps whatever spell it was seen in, and the comparison that deci
 step against the one-token step, then compares two spells: in traces at four rows, a one-token cell seen in slow
 spells was priced as dear as the two-token cell seen in fast ones, and drafting showed a gain it did not have. So
 every answer, of steps and of drafting passes, is h·π, where π, the machine's pace (``_Pace``, one per model), is
-learnt from the steps observed in settled cells (past their median): π ← π + β·(clip(s/h) − π), h the cell's
-answer at the usual pace, β = ``pace_smoothing`` (a few steps); and every cell learns s/π, what the step or pass
-would have taken at the usual pace. A spell moves π, not the cells, and so does a lasting change: the cells keep
+learnt from the steps observed in settled cells (past their median): π ← π + β·(clip(s/h₀) − π), h₀ = t₀(R, T)·k₀
+the cell's answer at the usual pace when it settled (k₀, its anchor: its k after the observation that ended its
+median, or its seconds where the base predicts 0), β = ``pace_smoothing`` (a few steps); and every cell learns s/π,
+what the step or pass would have taken at the usual pace. Why the anchor and not the cell's k now: that k learns s/π
+in turn, so π and the k of the cell seen most could trade a factor with nothing to hold their split, and skewed
+step times (a shared CPU's spikes; E[1/x] > 1/E[x]) traded it one way, π up and that k down a little every step,
+while a cell seen rarely kept its k, so its price rose against the other's without bound (in a trace at one row, not
+in a committed benchmark: over 24 generations π rose to 1.4–1.9 and the two-token cell's k fell from 0.59 to 0.49
+while the one-token cell's stayed near 0.53, so a one-token step was priced above a two-token one, and skipping a
+draft looked dearer than verifying one token; under log-normal noise, 3000 steps priced it 3× —
+``test_skewed_steps_of_a_cell_seen_often_do_not_drift_the_price_of_one_seen_rarely``). A spell moves π, not the cells, and so does a lasting change: the cells keep
 the machine's shape, π its level. A lasting change that passed into the cells would reach each at the rate it is
 observed, and a cell seen rarely would keep the old level: in a trace at one row, minutes of a slow machine where
 generations drafted often, then minutes of a fast one, taught the one-token cell, seen on every step, the fast
@@ -114,7 +122,7 @@ from collections.abc import Callable
 
 from dspark.checks import check_fraction, check_int, check_seconds
 from dspark.fast_path import row_bucket
-from dspark.protocols import COST_MODEL_HOOKS, CostModel, check_draft_time, hook
+from dspark.protocols import COST_MODEL_HOOKS, CostModel, check_draft_time, check_hooks, hook
 from dspark.types import GenerationStart
 
 __all__ = ["OnlineCorrectedCostModel"]
@@ -159,13 +167,15 @@ class _Learnt:
     """One learnt quantity: a cell's ratio observed/predicted, or its seconds, or the global ones. While an
     observation, its predecessors and the prior (if any, counted ``_PRIOR_COUNT`` times) number at most ⌈1/α⌉ (and
     ``_MEDIAN_VALUES``), it joins ``early`` and the answer is the median of ``early`` and of the prior passed in when
-    asked, counted as many times (module docstring); from then on, exponential smoothing from the median's last answer."""
+    asked, counted as many times (module docstring); from then on, exponential smoothing from the median's last answer.
+    ``anchor`` is the answer after the first smoothed observation, kept for π (module docstring)."""
 
-    __slots__ = ("early", "smoothed")
+    __slots__ = ("anchor", "early", "smoothed")
 
     def __init__(self, smoothed: float | None = None):
         self.early: list[float] = []
         self.smoothed = smoothed
+        self.anchor = smoothed  # the answer after the first smoothed observation, which π is learnt against
 
     def value(self, prior: float | None) -> float | None:
         """What it answers with, given ``prior`` (None: no prior; None back where nothing was observed either)."""
@@ -185,6 +195,9 @@ class _Learnt:
             return
         if self.smoothed is None:  # an observation or a prior came before, so current is a number
             self.smoothed, self.early = current, []
+            self.smoothed += smoothing * (value - self.smoothed)
+            self.anchor = self.smoothed
+            return
         self.smoothed += smoothing * (value - self.smoothed)
 
 
@@ -212,8 +225,8 @@ def _neighbours(observed: list[int], bucket: int) -> tuple[int | None, int | Non
 
 class _Pace:
     """π, the machine's pace now against the pace the cells learnt at (module docstring): each step observed in a
-    settled cell pulls it by β = ``smoothing`` towards what the step took over the cell's answer without π (clipped
-    like any ratio). Always 1 while disabled (``smoothing`` None)."""
+    settled cell pulls it by β = ``smoothing`` towards what the step took over the cell's anchored answer h₀ (the
+    answer, without π, when the cell settled; clipped like any ratio). Always 1 while disabled (``smoothing`` None)."""
 
     __slots__ = ("smoothing", "value")
 
@@ -222,7 +235,7 @@ class _Pace:
         self.value = 1.0
 
     def learn(self, ratio: float) -> None:
-        """Learn that a step took ``ratio`` times its cell's answer without π."""
+        """Learn that a step took ``ratio`` times its cell's anchored answer h₀."""
         if self.smoothing is not None:
             self.value += self.smoothing * (_clip(ratio, self.value) - self.value)
 
@@ -274,9 +287,9 @@ class _CorrectedSurface:
         predicted = self._base(rows, tokens)
         learnt = cell.ratio if predicted > 0 else cell.seconds
         if self.learns_pace and _settled(learnt):  # while a cell's median forms, its error is its own
-            usual = self._usual(key, rows, tokens)
-            if usual > 0:
-                self.pace.learn(seconds / usual)
+            anchored = predicted * learnt.anchor if predicted > 0 else learnt.anchor
+            if anchored > 0:
+                self.pace.learn(seconds / anchored)
         seconds /= self.pace.value  # what the step would have taken at the usual pace
         # Each prior is read before the cell is listed as observed: a narrower step cell's k reads a wider one's
         # own ratios, which a cell about to learn its first does not have yet.
@@ -437,8 +450,9 @@ class OnlineCorrectedCostModel:
     ``pace_smoothing`` β in (0, 1], that in the machine's pace π (its spells and its lasting changes), or None to assume a steady machine (π = 1;
     module docstring). ``step_time`` stays non-decreasing in rows and ``draft_time`` in rows and depth whatever is
     observed, given a base that is (every cost model in dspark is); along tokens each observed step cell answers what
-    its steps took, so a wider step measured cheaper is priced cheaper. The base's answers are cached
-    until its ``start`` hook (forwarded by ``start``) says they changed.
+    its steps took, so a wider step measured cheaper is priced cheaper. The base's answers are cached per table of
+    the base (its ``table_key`` hook), and forgotten when its ``start`` hook (forwarded by ``start``) says they changed
+    without naming another table.
     """
 
     def __init__(self, base: CostModel, smoothing: float = 0.1, pace_smoothing: float | None = 0.5):
@@ -455,8 +469,13 @@ class OnlineCorrectedCostModel:
         steps), and π at 1 (it is the pace against what the cells learnt)."""
         self._surfaces: dict[tuple[object, bool], tuple[_CorrectedSurface, _CorrectedSurface]] = {}
         self._pace = _Pace(self.pace_smoothing)
-        self._table = hook(self.base, "table_key", COST_MODEL_HOOKS)
+        self._table = self._base_table()
         self._learn_for(sampled=False)
+
+    def _base_table(self) -> object:
+        """The base's ``table_key`` now (None without the hook), refused by name where it cannot key the corrections."""
+        check_hooks(self.base, {"table_key": COST_MODEL_HOOKS["table_key"]}, "base")
+        return hook(self.base, "table_key", COST_MODEL_HOOKS)
 
     def _learn_for(self, sampled: bool) -> None:
         """Answer from, and learn into, the corrections of the base's table now (``_table``) for greedy or for sampled
@@ -480,15 +499,16 @@ class OnlineCorrectedCostModel:
         """Forward a generation's start to the base's optional ``start`` hook, then use the corrections of the
         table the base answers from now, for greedy or for sampled generations by the generation's sampling
         (``_learn_for``). A base with the ``table_key`` hook names its table, and each table keeps its own
-        corrections: a generation back on a table seen before resumes them (module docstring). A base without it
-        that says its answers changed (True) makes the model forget what it learnt, which corrected the old answers.
-        Returns the base's answer (False for a base without the hook)."""
+        corrections: a generation back on a table seen before resumes them (module docstring). A base that says its
+        answers changed (True) without naming another table (no ``table_key``, or the same one) makes the model forget
+        what it learnt, which corrected the old answers. Returns the base's answer (False for a base without
+        ``start``)."""
         if not isinstance(generation, GenerationStart):
             raise TypeError(f"generation must be a GenerationStart, got {generation!r}")
         start = hook(self.base, "start", COST_MODEL_HOOKS)
         changed = bool(start(generation)) if start is not None else False
-        table = hook(self.base, "table_key", COST_MODEL_HOOKS)
-        if changed and table is None:
+        table = self._base_table()
+        if changed and table == self._table:
             self._forget()
         self._table = table
         self._learn_for(sampled=bool(generation.sampling.do_sample))
@@ -536,7 +556,7 @@ class OnlineCorrectedCostModel:
     def report(self) -> dict:
         """What has been learnt for the table and the kind of generation last started (greedy or sampled): the
         global step and drafting corrections (at the usual pace), the pace π now, and how many cells were observed;
-        and how many of the base's tables have corrections (``tables``)."""
+        and how many of the base's tables it has answered from since it last forgot (``tables``)."""
         return {
             "tables": len({table for table, _ in self._surfaces}),
             "step_correction": self._steps.overall.ratio.smoothed,
