@@ -797,6 +797,15 @@ def test_the_pace_follows_a_spell_and_holds_a_lasting_change():
     assert model.step_correction(2, 1) < 1.1
 
 
+def _one_row_stretch(model, noise: random.Random, steps: int, often: tuple, rarely: tuple, every: int, spread: float) -> None:
+    """``steps`` one-row steps of (tokens, seconds) ``often``, the first of every ``every`` followed by one of ``rarely``,
+    each time scaled by a uniform draw within ±``spread``."""
+    for step in range(steps):
+        model.observe_step(1, often[0], often[1] * noise.uniform(1 - spread, 1 + spread))
+        if step % every == 0:
+            model.observe_step(1, rarely[0], rarely[1] * noise.uniform(1 - spread, 1 + spread))
+
+
 def test_a_cell_seen_rarely_after_a_lasting_change_keeps_its_price_against_one_seen_often():
     """A slow stretch with two-token steps seen often, then a fast one with them seen rarely: a second token keeps the profile's 1.1x."""
     # Were a lasting change to pass into each cell at its own rate, the one-token cell, seen on every step, would learn
@@ -805,14 +814,8 @@ def test_a_cell_seen_rarely_after_a_lasting_change_keeps_its_price_against_one_s
     base = ProfiledCostModel(CostTable(rows=(1,), tokens=(1, 2), step_seconds=((0.025, 0.0275),)))
     model = OnlineCorrectedCostModel(base)
     noise = random.Random(0)
-    for step in range(300):
-        model.observe_step(1, 1, 0.040 * noise.uniform(0.9, 1.1))
-        if step % 2 == 0:
-            model.observe_step(1, 2, 0.044 * noise.uniform(0.9, 1.1))
-    for step in range(2000):
-        model.observe_step(1, 1, 0.025 * noise.uniform(0.9, 1.1))
-        if step % 50 == 0:
-            model.observe_step(1, 2, 0.0275 * noise.uniform(0.9, 1.1))
+    _one_row_stretch(model, noise, 300, often=(1, 0.040), rarely=(2, 0.044), every=2, spread=0.1)
+    _one_row_stretch(model, noise, 2000, often=(1, 0.025), rarely=(2, 0.0275), every=50, spread=0.1)
     assert model.step_time(1, 2) / model.step_time(1, 1) == pytest.approx(1.1, rel=0.03)
     assert model.step_time(1, 1) == pytest.approx(0.025, rel=0.1)
 
@@ -846,10 +849,7 @@ def test_a_cell_that_settled_in_a_slow_spell_and_is_seen_rarely_converges_to_its
         model.observe_step(1, 2, 0.1 * noise.uniform(0.95, 1.05))
     for _ in range(12):
         model.observe_step(1, 1, 0.12 * noise.uniform(0.95, 1.05))
-    for step in range(3000):
-        model.observe_step(1, 2, 0.1 * noise.uniform(0.95, 1.05))
-        if step % 10 == 0:
-            model.observe_step(1, 1, 0.1 * noise.uniform(0.95, 1.05))
+    _one_row_stretch(model, noise, 3000, often=(2, 0.1), rarely=(1, 0.1), every=10, spread=0.05)
     assert model.step_time(1, 1) / model.step_time(1, 2) == pytest.approx(1.0, abs=0.02)
 
 
