@@ -89,16 +89,15 @@ learnt from the steps observed in settled cells (past their median): π ← π +
 the cell's answer at the usual pace when it settled (k₀, its anchor: its k after its first smoothed observation, the
 one after its median or, where α ≥ 1/2, its first; or its seconds where the base predicts 0), β = ``pace_smoothing``
 (a few steps); and every cell learns s/π, π that of the steps before this one, what the step or pass would have taken
-at the usual pace. Why the anchor and not the cell's k now: that k learns s/π
-in turn, so π and the k of the cell seen most could trade a factor with nothing to hold their split, and skewed
-step times (a shared CPU's spikes; E[1/x] > 1/E[x]) traded it one way, π up and that k down a little every step,
-while a cell seen rarely kept its k, so its price rose against the other's without bound (in a trace at one row, not
+at the usual pace. Why the anchor and not the cell's k now: that k learns s/π in turn, so π and the k of the cell
+seen most could trade a factor with nothing to hold their split, and skewed step times (a shared CPU's spikes;
+E[1/x] > 1/E[x]) traded it one way, π up and that k down a little every step, while a cell seen rarely kept its k, so its price rose against the other's without bound (in a trace at one row, not
 in a committed benchmark: over 24 generations π rose to 1.4–1.9 and the two-token cell's k fell from 0.59 to 0.49
 while the one-token cell's stayed near 0.53, so a one-token step was priced above a two-token one, and skipping a
 draft looked dearer than verifying one token; under log-normal noise, 3000 steps priced it 3× —
 ``test_skewed_steps_of_a_cell_seen_often_do_not_drift_the_price_of_one_seen_rarely``). A spell moves π, not the
-cells, and so does a lasting change: the cells keep the machine's shape, π its level. A lasting change that passed into the cells would reach each at the rate it is
-observed, and a cell seen rarely would keep the old level: in a trace at one row, minutes of a slow machine where
+cells, and so does a lasting change: the cells keep the machine's shape, π its level. A lasting change that passed
+into the cells would reach each at the rate it is observed, and a cell seen rarely would keep the old level: in a trace at one row, minutes of a slow machine where
 generations drafted often, then minutes of a fast one, taught the one-token cell, seen on every step, the fast
 level and left the two-token cell at the slow one, so a second token was priced 1.4× the first where the steps
 took about 1.1×, and the fallback stopped drafting where MTP-1 gained. π multiplies every answer alike,
@@ -176,7 +175,7 @@ class _Learnt:
     def __init__(self, smoothed: float | None = None):
         self.early: list[float] = []
         self.smoothed = smoothed
-        self.anchor: float | None = None  # a cell's answer after its first smoothed observation, which π is learnt against
+        self.anchor: float | None = None  # the answer after the first smoothed observation, which π is learnt against
 
     def value(self, prior: float | None) -> float | None:
         """What it answers with, given ``prior`` (None: no prior; None back where nothing was observed either)."""
@@ -196,10 +195,9 @@ class _Learnt:
             return
         if self.smoothed is None:  # an observation or a prior came before, so current is a number
             self.smoothed, self.early = current, []
-            self.smoothed += smoothing * (value - self.smoothed)
-            self.anchor = self.smoothed
-            return
         self.smoothed += smoothing * (value - self.smoothed)
+        if self.anchor is None:
+            self.anchor = self.smoothed
 
 
 def _settled(learnt: _Learnt | None) -> bool:
