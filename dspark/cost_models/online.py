@@ -78,32 +78,32 @@ looked dear and drafting paid on paper). Answers are cached until an observation
 settled cell they read, or any at all where they read a cell not settled or not observed (a settled cell's k is its
 own smoothed ratio, which nothing else moves).
 
-A shared machine's pace changes from one second to the next (another tenant's work on a cloud CPU): the same
-forward runs fast for a while, then slow (``benchmarks/results/bench_pace.json``: consecutive four-row forwards'
-times correlate, 0.51 at lag 1). A cell observed rarely, such as a batch's one-token step in generations that draft
-on most steps, keeps whatever spell it was seen in, and the comparison that decides whether drafting pays, a wider
-step against the one-token step, then compares two spells: in traces at four rows, a one-token cell seen in slow
-spells was priced as dear as the two-token cell seen in fast ones, and drafting showed a gain it did not have. So
-every answer, of steps and of drafting passes, is h·π, where π, the machine's pace (``_Pace``, one per model), is
-learnt from the steps observed in settled cells (past their median): π ← π + β·(clip(s/h₀) − π), h₀ = t₀(R, T)·k₀
-the cell's answer at the usual pace when it settled (k₀, its anchor: its k after its first smoothed observation, the
-one after its median or, where α ≥ 1/2, its first; or its seconds where the base predicts 0), β = ``pace_smoothing``
-(a few steps); and every cell learns s/π, π that of the steps before this one, what the step or pass would have taken
-at the usual pace. Why the anchor and not the cell's k now: that k learns s/π in turn, so π and the k of the cell
-seen most could trade a factor with nothing to hold their split, and skewed step times (a shared CPU's spikes;
-E[1/x] > 1/E[x]) traded it one way, π up and that k down a little every step, while a cell seen rarely kept its k, so its price rose against the other's without bound (in a trace at one row, not
-in a committed benchmark: over 24 generations π rose to 1.4–1.9 and the two-token cell's k fell from 0.59 to 0.49
-while the one-token cell's stayed near 0.53, so a one-token step was priced above a two-token one, and skipping a
-draft looked dearer than verifying one token; under log-normal noise, 3000 steps priced it 3× —
-``test_skewed_steps_of_a_cell_seen_often_do_not_drift_the_price_of_one_seen_rarely``). A spell moves π, not the
-cells, and so does a lasting change: the cells keep the machine's shape, π its level. A lasting change that passed
-into the cells would reach each at the rate it is observed, and a cell seen rarely would keep the old level: in a trace at one row, minutes of a slow machine where
-generations drafted often, then minutes of a fast one, taught the one-token cell, seen on every step, the fast
-level and left the two-token cell at the slow one, so a second token was priced 1.4× the first where the steps
-took about 1.1×, and the fallback stopped drafting where MTP-1 gained. π multiplies every answer alike,
-so it cancels from every comparison made at one moment: an outlier (a pause of the process) moves π by a factor
-1 + β at most, and what a scheduler compares not at all. A cell's first observations do not move π: their error is
-the cell's own. ``pace_smoothing=None`` keeps π at 1.
+A shared machine's pace changes from one second to the next (another tenant's work on a cloud CPU): the same forward
+runs fast for a while, then slow (``benchmarks/results/bench_pace.json``: consecutive four-row forwards' times
+correlate, 0.51 at lag 1). A cell observed rarely, such as a batch's one-token step in generations that draft on most
+steps, keeps whatever spell it was seen in, and the comparison that decides whether drafting pays, a wider step
+against the one-token step, then compares two spells: in traces at four rows, a one-token cell seen in slow spells was
+priced as dear as the two-token cell seen in fast ones, and drafting showed a gain it did not have. So every answer,
+of steps and of drafting passes, is h·π, where π, the machine's pace (``_Pace``, one per model), is learnt from the
+steps observed in settled cells (past their median): π ← π + β·(clip(s/h₀) − π), h₀ = t₀(R, T)·k₀ the cell's answer at
+the usual pace when it settled (k₀, its anchor: its k after its first smoothed observation, the one after its median
+or, where α ≥ 1/2, its first; or its seconds where the base predicts 0), β = ``pace_smoothing`` (a few steps); and
+every cell learns s/π, π that of the steps before this one, what the step or pass would have taken at the usual pace.
+Why the anchor and not the cell's k now: that k learns s/π in turn, so π and the k of the cell seen most could trade a
+factor with nothing to hold their split, and skewed step times (a shared CPU's spikes; E[1/x] > 1/E[x]) traded it one
+way, π up and that k down a little every step, while a cell seen rarely kept its k, so its price rose against the
+other's without bound (in a trace at one row, not in a committed benchmark: over 24 generations π rose to 1.4–1.9 and
+the two-token cell's k fell from 0.59 to 0.49 while the one-token cell's stayed near 0.53, so a one-token step was
+priced above a two-token one, and skipping a draft looked dearer than verifying one token; under log-normal noise,
+3000 steps priced it 3× — ``test_skewed_steps_of_a_cell_seen_often_do_not_drift_the_price_of_one_seen_rarely``). A
+spell moves π, not the cells, and so does a lasting change: the cells keep the machine's shape, π its level. A lasting
+change that passed into the cells would reach each at the rate it is observed, and a cell seen rarely would keep the
+old level: in a trace at one row, minutes of a slow machine where generations drafted often, then minutes of a fast
+one, taught the one-token cell, seen on every step, the fast level and left the two-token cell at the slow one, so a
+second token was priced 1.4× the first where the steps took about 1.1×, and the fallback stopped drafting where MTP-1
+gained. π multiplies every answer alike, so it cancels from every comparison made at one moment: an outlier (a pause
+of the process) moves π by a factor 1 + β at most, and what a scheduler compares not at all. A cell's first
+observations do not move π: their error is the cell's own. ``pace_smoothing=None`` keeps π at 1.
 
 dspark's loop feeds it after every step, through the optional cost-model hooks
 ``observe_step(rows, tokens, seconds)`` with the step's rows, its verify width (1 + max ℓ) and
