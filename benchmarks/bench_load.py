@@ -33,10 +33,12 @@ fitted offline and refitted online per sampling band, ``dspark.verify.online_est
   that drift in the machine's speed hits every policy alike, in an order drawn anew (seeded) at every
   batch, so that no policy always runs after the same one (what ran before changes what the caches
   and the allocator hold);
-* per policy, its steps' median time and count at each width (``step_ms_by_width``, the last round's) and, for a
-  policy that reads a cost model, what that model prices the setting's steps and drafting passes at when the setting
-  ends (``priced_step_ms``, ``priced_draft_ms``): where a policy drafts and loses, these tell a wrong price from the
-  machine's noise;
+* per policy, its steps' median time and count at each width (``step_ms_by_width``, the last round's; and
+  ``step_ms_by_rows`` at each row count a batch shrank to as its rows finished) and, for a policy that reads a cost
+  model, what that model prices the setting's steps and drafting passes at when the setting ends (``priced_step_ms``,
+  ``priced_draft_ms``; ``priced_step_ms_by_rows`` at every row count up to the setting's, and ``cost_table``, the
+  table those prices are read from): where a policy drafts and loses, these tell a wrong price from the machine's
+  noise;
 * ``*_frontier.png``: aggregate against per-user tokens/s (Figure 7); ``*_verify.png``: mean verify
   length against c (Figure 8). The JSON is written after every setting, with ``"complete": false`` until
   the last one is done, and records the code measured (git ids of ``dspark``, this script and
@@ -79,7 +81,8 @@ from dspark import pretrained, strategies
 from dspark.benchmarking import STATIC_POLICIES, across_categories, generated_tokens, paired_ratio, write_json
 from dspark.drafters import PromptLookupDrafter
 from dspark.pretrained import encode_chat
-from dspark.protocols import POLICY_HOOKS, hook
+from dspark.cost_models import OnlineCorrectedCostModel
+from dspark.protocols import COST_MODEL_HOOKS, POLICY_HOOKS, hook
 from dspark.training.data import eval_prompts
 from dspark.verify import CalibrationFile, GoodputFallback, HardwareAwareScheduler, Threshold, calibrated_estimator, online_estimator
 
@@ -247,18 +250,33 @@ def _run_setting(
 def _step_costs(strategy, rows: int, results: list) -> dict:
     """What a policy's steps of its last round took against what its cost model prices them at the setting's end,
     to tell a wrong price from the machine's noise where a policy drafts and loses: ``step_ms_by_width``, the median
-    ``verify_seconds`` (ms) and the count of the steps of every batch row at each width 1 + max ℓ; and for a policy
-    that reads its cost model (``needs_cost_model``), ``priced_step_ms`` T(rows, w) for w = 1..4 and
-    ``priced_draft_ms`` D(rows, depth) for depth 1..3."""
-    by_width: dict[int, list[float]] = {}
+    ``verify_seconds`` (ms) and the count of the steps of every batch row at each width 1 + max ℓ, and
+    ``step_ms_by_rows`` the same at each row count the batch shrank to as rows finished; and for a policy that reads
+    its cost model (``needs_cost_model``), ``priced_step_ms`` T(rows, w) for w = 1..4, ``priced_step_ms_by_rows``
+    T(r, w) at every r ≤ rows (a step's price is a maximum over fewer rows, so a few-row cell priced high lifts the
+    batch's), ``priced_draft_ms`` D(rows, depth) for depth 1..3 and ``cost_table``, the table the prices are read
+    from (its ``table_key``, where it has one)."""
+    by_rows: dict[int, dict[int, list[float]]] = {}
     for result in results:
         for record in result.stats.records[1:]:  # the first record is the prompt's
-            if record.rows.numel() == rows:
-                by_width.setdefault(1 + int(record.verify_lengths.max()), []).append(1e3 * record.verify_seconds)
-    costs = {"step_ms_by_width": {str(width): [statistics.median(times), len(times)] for width, times in sorted(by_width.items())}}
+            width = 1 + int(record.verify_lengths.max())
+            by_rows.setdefault(record.rows.numel(), {}).setdefault(width, []).append(1e3 * record.verify_seconds)
+
+    def medians(by_width: dict[int, list[float]]) -> dict:
+        return {str(width): [statistics.median(times), len(times)] for width, times in sorted(by_width.items())}
+
+    costs = {
+        "step_ms_by_width": medians(by_rows.get(rows, {})),
+        "step_ms_by_rows": {str(count): medians(by_width) for count, by_width in sorted(by_rows.items())},
+    }
     if hook(strategy.policy, "needs_cost_model", POLICY_HOOKS):
-        costs["priced_step_ms"] = [1e3 * strategy.cost_model.step_time(rows, width) for width in range(1, 5)]
-        costs["priced_draft_ms"] = [1e3 * strategy.cost_model.draft_time(rows, depth) for depth in range(1, 4)]
+        cost_model = strategy.cost_model
+        costs["priced_step_ms"] = [1e3 * cost_model.step_time(rows, width) for width in range(1, 5)]
+        costs["priced_step_ms_by_rows"] = {str(count): [1e3 * cost_model.step_time(count, width) for width in range(1, 5)] for count in range(1, rows + 1)}
+        costs["priced_draft_ms"] = [1e3 * cost_model.draft_time(rows, depth) for depth in range(1, 4)]
+        answering = cost_model.base if isinstance(cost_model, OnlineCorrectedCostModel) else cost_model
+        table = hook(answering, "table_key", COST_MODEL_HOOKS)
+        costs["cost_table"] = None if table is None else repr(table)
     return costs
 
 

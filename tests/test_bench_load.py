@@ -5,7 +5,7 @@ import torch
 
 import dspark
 from dspark import strategies
-from dspark.cost_models import ConstantCostModel
+from dspark.cost_models import ConstantCostModel, OnlineCorrectedCostModel
 from dspark.drafters import PromptLookupDrafter
 from dspark.verify import OnlineLogisticConfidence
 from tests.conftest import build_model, load_script
@@ -29,8 +29,9 @@ def test_a_sampled_generation_draws_from_the_seed_it_is_given(bench_load):
 
 
 def test_step_costs_keep_each_widths_step_times_and_a_cost_models_prices(bench_load):
-    """A costed policy's entry keeps its steps' median time and count at each width and its cost model's prices for
-    the setting's rows; a policy that reads no cost model (fixed γ) keeps the step times alone."""
+    """A costed policy's entry keeps its steps' median time and count at each width, for the whole batch and for each
+    row count it shrank to, and its cost model's prices for the setting's rows and every fewer; a policy that reads no
+    cost model (fixed γ) keeps the step times alone."""
     target = build_model("llama")
     batch = {"input_ids": torch.tensor([[1, 5, 9, 5, 9, 5], [2, 7, 3, 7, 3, 7]]), "attention_mask": torch.ones(2, 6, dtype=torch.long)}
     drafter = PromptLookupDrafter()
@@ -41,7 +42,31 @@ def test_step_costs_keep_each_widths_step_times_and_a_cost_models_prices(bench_l
         steps = [record for record in result.stats.records[1:] if record.rows.numel() == 2]
         assert sum(count for _, count in costs["step_ms_by_width"].values()) == len(steps)
         assert all(median > 0 for median, _ in costs["step_ms_by_width"].values())
+        every_step = result.stats.records[1:]
+        assert sum(count for by_width in costs["step_ms_by_rows"].values() for _, count in by_width.values()) == len(every_step)
+        assert costs["step_ms_by_rows"]["2"] == costs["step_ms_by_width"]
         assert ("priced_step_ms" in costs) is priced and ("priced_draft_ms" in costs) is priced
+        assert ("priced_step_ms_by_rows" in costs) is priced and ("cost_table" in costs) is priced
         if priced:
             assert costs["priced_step_ms"] == [1e3 * strategy.cost_model.step_time(2, width) for width in range(1, 5)]
+            assert costs["priced_step_ms_by_rows"] == {
+                str(rows): [1e3 * strategy.cost_model.step_time(rows, width) for width in range(1, 5)] for rows in (1, 2)
+            }
+            assert costs["cost_table"] is None  # a constant cost model names no table
             assert len(costs["priced_draft_ms"]) == 3
+
+
+class _NamedTable(ConstantCostModel):
+    """A constant cost model that names the one table it answers from."""
+
+    table_key = ("rows", 256)
+
+
+def test_step_costs_name_the_table_an_online_corrected_models_base_answers_from(bench_load):
+    """Where the costed policy's cost model corrects a base online, the entry names the base's table_key."""
+    target = build_model("llama")
+    batch = {"input_ids": torch.tensor([[1, 5, 9, 5, 9, 5]]), "attention_mask": torch.ones(1, 6, dtype=torch.long)}
+    cost_model = OnlineCorrectedCostModel(_NamedTable(step_seconds=0.01, draft_seconds=0.001))
+    strategy = strategies.dspark(PromptLookupDrafter(), 3, cost_model, OnlineLogisticConfidence())
+    result = dspark.SpeculativeModel(target, strategy).generate(**batch, max_new_tokens=8)
+    assert bench_load._step_costs(strategy, 1, [result])["cost_table"] == repr(("rows", 256))
