@@ -79,9 +79,9 @@ from transformers.utils import logging as transformers_logging
 import dspark
 from dspark import pretrained, strategies
 from dspark.benchmarking import STATIC_POLICIES, across_categories, generated_tokens, paired_ratio, write_json
+from dspark.cost_models import OnlineCorrectedCostModel
 from dspark.drafters import PromptLookupDrafter
 from dspark.pretrained import encode_chat
-from dspark.cost_models import OnlineCorrectedCostModel
 from dspark.protocols import COST_MODEL_HOOKS, POLICY_HOOKS, hook
 from dspark.training.data import eval_prompts
 from dspark.verify import CalibrationFile, GoodputFallback, HardwareAwareScheduler, Threshold, calibrated_estimator, online_estimator
@@ -247,6 +247,11 @@ def _run_setting(
     return entries, tokens
 
 
+def _medians_by_width(by_width: dict[int, list[float]]) -> dict:
+    """Width → [the median of its step times (ms), their count], widths as strings in order (JSON keys)."""
+    return {str(width): [statistics.median(times), len(times)] for width, times in sorted(by_width.items())}
+
+
 def _step_costs(strategy, rows: int, results: list) -> dict:
     """What a policy's steps of its last round took against what its cost model prices them at the setting's end,
     to tell a wrong price from the machine's noise where a policy drafts and loses: ``step_ms_by_width``, the median
@@ -254,26 +259,23 @@ def _step_costs(strategy, rows: int, results: list) -> dict:
     ``step_ms_by_rows`` the same at each row count the batch shrank to as rows finished; and for a policy that reads
     its cost model (``needs_cost_model``), ``priced_step_ms`` T(rows, w) for w = 1..4, ``priced_step_ms_by_rows``
     T(r, w) at every r ≤ rows (a step's price is a maximum over fewer rows, so a few-row cell priced high lifts the
-    batch's), ``priced_draft_ms`` D(rows, depth) for depth 1..3 and ``cost_table``, the table the prices are read
-    from (its ``table_key``, where it has one)."""
+    batch's), ``priced_draft_ms`` D(rows, depth) for depth 1..3 and ``cost_table``, the ``repr`` of the
+    ``table_key`` of the table the prices are read from (None without one)."""
     by_rows: dict[int, dict[int, list[float]]] = {}
     for result in results:
         for record in result.stats.records[1:]:  # the first record is the prompt's
             width = 1 + int(record.verify_lengths.max())
             by_rows.setdefault(record.rows.numel(), {}).setdefault(width, []).append(1e3 * record.verify_seconds)
-
-    def medians(by_width: dict[int, list[float]]) -> dict:
-        return {str(width): [statistics.median(times), len(times)] for width, times in sorted(by_width.items())}
-
     costs = {
-        "step_ms_by_width": medians(by_rows.get(rows, {})),
-        "step_ms_by_rows": {str(count): medians(by_width) for count, by_width in sorted(by_rows.items())},
+        "step_ms_by_width": _medians_by_width(by_rows.get(rows, {})),
+        "step_ms_by_rows": {str(count): _medians_by_width(by_width) for count, by_width in sorted(by_rows.items())},
     }
     if hook(strategy.policy, "needs_cost_model", POLICY_HOOKS):
         cost_model = strategy.cost_model
         costs["priced_step_ms"] = [1e3 * cost_model.step_time(rows, width) for width in range(1, 5)]
         costs["priced_step_ms_by_rows"] = {str(count): [1e3 * cost_model.step_time(count, width) for width in range(1, 5)] for count in range(1, rows + 1)}
         costs["priced_draft_ms"] = [1e3 * cost_model.draft_time(rows, depth) for depth in range(1, 4)]
+        # The online wrapper's answers change with every step, so it names no table; its base does.
         answering = cost_model.base if isinstance(cost_model, OnlineCorrectedCostModel) else cost_model
         table = hook(answering, "table_key", COST_MODEL_HOOKS)
         costs["cost_table"] = None if table is None else repr(table)
