@@ -266,14 +266,12 @@ def _step_costs(strategy, rows: int, results: list) -> dict:
         for record in result.stats.records[1:]:  # the first record is the prompt's
             width = 1 + int(record.verify_lengths.max())
             by_rows.setdefault(record.rows.numel(), {}).setdefault(width, []).append(1e3 * record.verify_seconds)
-    costs = {
-        "step_ms_by_width": _medians_by_width(by_rows.get(rows, {})),
-        "step_ms_by_rows": {str(count): _medians_by_width(by_width) for count, by_width in sorted(by_rows.items())},
-    }
+    by_rows_ms = {str(count): _medians_by_width(by_width) for count, by_width in sorted(by_rows.items())}
+    costs = {"step_ms_by_width": by_rows_ms.get(str(rows), {}), "step_ms_by_rows": by_rows_ms}
     if hook(strategy.policy, "needs_cost_model", POLICY_HOOKS):
         cost_model = strategy.cost_model
-        costs["priced_step_ms"] = [1e3 * cost_model.step_time(rows, width) for width in range(1, 5)]
-        costs["priced_step_ms_by_rows"] = {str(count): [1e3 * cost_model.step_time(count, width) for width in range(1, 5)] for count in range(1, rows + 1)}
+        priced = {str(count): [1e3 * cost_model.step_time(count, width) for width in range(1, 5)] for count in range(1, rows + 1)}
+        costs["priced_step_ms"], costs["priced_step_ms_by_rows"] = priced[str(rows)], priced
         costs["priced_draft_ms"] = [1e3 * cost_model.draft_time(rows, depth) for depth in range(1, 4)]
         # The online wrapper's answers change with every step, so it names no table; its base does.
         answering = cost_model.base if isinstance(cost_model, OnlineCorrectedCostModel) else cost_model

@@ -285,15 +285,15 @@ class _CorrectedSurface:
             cell = self.cells[key] = _Cell()
         predicted = self._base(rows, tokens)
         learnt = cell.ratio if predicted > 0 else cell.seconds
-        usual_seconds = seconds / self.pace.value  # what the step would have taken at the usual pace
-        # π learns from this step after the cell has been given its usual seconds: divided by a π this very step moved
-        # against the cell's own anchor, a cell seen rarely would keep part of its anchor's error for good (9% at
-        # β = 0.5 for an anchor 20% off), where the π of the steps before it lets its k converge.
+        # The cell learns this step over the π of the steps before it: divided by a π this very step moved against the
+        # cell's own anchor, a cell seen rarely would keep part of its anchor's error for good (9% at β = 0.5 for an
+        # anchor 20% off), where the π before it lets its k converge.
+        pace_before = self.pace.value
         if self.learns_pace and _settled(learnt):  # while a cell's median forms, its error is its own
             anchored = predicted * learnt.anchor if predicted > 0 else learnt.anchor
             if anchored > 0:  # a seconds cell anchored at 0 s (steps that took no time) teaches no π
                 self.pace.learn(seconds / anchored)
-        seconds = usual_seconds
+        seconds /= pace_before  # what the step would have taken at the usual pace
         # Each prior is read before the cell is listed as observed: a narrower step cell's k reads a wider one's
         # own ratios, which a cell about to learn its first does not have yet.
         if predicted > 0:
