@@ -853,6 +853,43 @@ def test_a_cell_that_settled_in_a_slow_spell_and_is_seen_rarely_converges_to_its
     assert model.step_time(1, 1) / model.step_time(1, 2) == pytest.approx(1.0, abs=0.02)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_cells_seen_in_stretches_correct_an_anchor_that_settled_in_a_slow_spell(seed):
+    """A one-token cell whose median formed while its steps ran 20% slow, then seen in stretches of ten steps that take
+    turns with a two-token cell's, comes to within 3% of its price: consecutive steps of the two correct the anchors."""
+    # With anchors fixed where the medians left them, π in each stretch read against that stretch's anchor, the cell
+    # learnt that anchor back, and a one-token step stayed priced 11-17% above a two-token one that costs as much
+    # (as in a trace at two rows, where DSpark took its steps in such stretches and priced a second token at 1.08x
+    # the first, for steps that took 1.2x).
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1))
+    noise = random.Random(seed)
+    for _ in range(30):
+        model.observe_step(1, 2, 0.1 * noise.uniform(0.95, 1.05))
+    for _ in range(12):
+        model.observe_step(1, 1, 0.12 * noise.uniform(0.95, 1.05))
+    for _ in range(300):
+        for tokens in (2, 1):
+            for _ in range(10):
+                model.observe_step(1, tokens, 0.1 * noise.uniform(0.95, 1.05))
+    assert model.step_time(1, 1) / model.step_time(1, 2) == pytest.approx(1.0, abs=0.03)
+
+
+def test_no_contrast_is_drawn_across_the_gap_between_two_generations():
+    """A generation that starts in a slower spell than the last one ended in leaves the cells' prices against each
+    other where they were, once π has caught up: only steps of one generation are compared."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1))
+    start = GenerationStart(rows=1, device=torch.device("cpu"), max_draft_tokens=3, max_length=8, sampling=SamplingConfig())
+    model.start(start)
+    for _ in range(20):
+        model.observe_step(1, 1, 0.1)
+        model.observe_step(1, 2, 0.12)
+    before = model.step_time(1, 2) / model.step_time(1, 1)
+    model.start(start)
+    for _ in range(60):  # the cells' k follow π back to their anchors, which a contrast across the gap would have moved
+        model.observe_step(1, 1, 0.15)
+    assert model.step_time(1, 2) / model.step_time(1, 1) == pytest.approx(before, rel=1e-3)
+
+
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     cost_grids(),

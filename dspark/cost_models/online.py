@@ -225,18 +225,49 @@ def _neighbours(observed: list[int], bucket: int) -> tuple[int | None, int | Non
 class _Pace:
     """π, the machine's pace now against the pace the cells learnt at (module docstring): each step observed in a
     settled cell pulls it by β = ``smoothing`` towards what the step took over the cell's anchored answer h₀ (the
-    answer, without π, when the cell settled; clipped like any ratio). Always 1 while disabled (``smoothing`` None)."""
+    answer, without π, when the cell settled, since corrected by contrasts; clipped like any ratio). A step of another
+    settled cell right after one of the same generation first corrects both cells' anchors by the contrast of the two
+    readings (``_contrast``). Always 1 while disabled (``smoothing`` None)."""
 
-    __slots__ = ("smoothing", "value")
+    __slots__ = ("last", "smoothing", "value")
 
     def __init__(self, smoothing: float | None):
         self.smoothing = smoothing
         self.value = 1.0
+        # The previous step's settled cell and its reading s/h₀, while the step just before this one was such a step
+        # of this generation; None after a step of a cell not settled, and at a generation's start (``forget_last``).
+        self.last: tuple[_Learnt, float] | None = None
 
-    def learn(self, ratio: float) -> None:
-        """Learn that a step took ``ratio`` times its cell's anchored answer h₀."""
-        if self.smoothing is not None:
-            self.value += self.smoothing * (_clip(ratio, self.value) - self.value)
+    def forget_last(self) -> None:
+        """Forget the previous step: the next one follows a gap (a new generation; a cell not settled)."""
+        self.last = None
+
+    def learn(self, learnt: _Learnt, anchored: float, seconds: float, smoothing: float) -> None:
+        """Learn that a step of the settled cell ``learnt``, anchored at h₀ = ``anchored`` at its point, took
+        ``seconds``: its anchor and the previous step's are corrected by ``_contrast`` at weight ``smoothing`` α, then π
+        learns the reading s/h₀."""
+        if self.smoothing is None:
+            return
+        reading = seconds / anchored
+        if self.last is not None and self.last[0] is not learnt:
+            reading /= _contrast(learnt, self.last[0], reading, self.last[1], smoothing)
+        self.last = (learnt, reading)
+        self.value += self.smoothing * (_clip(reading, self.value) - self.value)
+
+
+def _contrast(later: _Learnt, earlier: _Learnt, later_reading: float, earlier_reading: float, smoothing: float) -> float:
+    """Correct the anchors of two settled cells whose steps ran one after the other, and return the factor ``later``'s
+    anchor was multiplied by.
+
+    Two consecutive steps run at nearly one pace, so their readings r = s/h₀ differ only where the anchors disagree
+    with what the cells cost against each other (and by the step-to-step noise). With c = clip(r_later/r_earlier) the
+    log contrast, log h₀(later) += α/2·log c and log h₀(earlier) −= α/2·log c: each anchor moves halfway, so the sum
+    of the logs of the anchors never changes and their common level, which π carries, cannot wander; in logs, skewed
+    step times do not bias it one way."""
+    factor = math.exp(smoothing / 2 * math.log(_clip(later_reading / earlier_reading, 1.0)))
+    later.anchor *= factor
+    earlier.anchor /= factor
+    return factor
 
 
 class _CorrectedSurface:
@@ -292,7 +323,11 @@ class _CorrectedSurface:
         if self.learns_pace and _settled(learnt):  # while a cell's median forms, its error is its own
             anchored = predicted * learnt.anchor if predicted > 0 else learnt.anchor
             if anchored > 0:  # a seconds cell anchored at 0 s (steps that took no time) teaches no π
-                self.pace.learn(seconds / anchored)
+                self.pace.learn(learnt, anchored, seconds, self.smoothing)
+            else:
+                self.pace.forget_last()
+        elif self.learns_pace:
+            self.pace.forget_last()
         seconds /= pace_before  # what the step would have taken at the usual pace
         # Each prior is read before the cell is listed as observed: a narrower step cell's k reads a wider one's
         # own ratios, which a cell about to learn its first does not have yet.
@@ -513,6 +548,7 @@ class OnlineCorrectedCostModel:
         table = self._base_table()
         if changed and table == self._table:
             self._forget()
+        self._pace.forget_last()  # other work ran since the last generation's steps: no contrast across the gap
         self._table = table
         self._learn_for(sampled=bool(generation.sampling.do_sample))
         return changed
