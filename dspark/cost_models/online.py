@@ -105,6 +105,20 @@ gained. π multiplies every answer alike, so it cancels from every comparison ma
 of the process) moves π by a factor 1 + β at most, and what a scheduler compares not at all. A cell's first
 observations do not move π: their error is the cell's own. ``pace_smoothing=None`` keeps π at 1.
 
+An anchor starts where the cell's median left it, and that median read each step over the π of the steps before it,
+which a cell not yet settled does not move: a cell whose median formed in a stretch of its own steps while the
+machine's pace drifted starts anchored off by that drift. Steps taken in stretches then keep the error for good:
+within a cell's stretch π reads the steps against that cell's anchor and the cell's k learns the anchor back, and
+only the steps where one cell follows another compare the two (in a trace at two rows, greedy, not in a committed
+benchmark: DSpark drafted in stretches, and on one table priced a second token at a median 1.08× the first where its
+two-token steps took 1.22× its one-token ones; ``test_cells_seen_in_stretches_correct_an_anchor_that_settled_in_a_slow_spell``
+kept a one-token step priced 11–17% above an equal two-token one). So a step of a settled cell that follows one of
+another settled cell in the same generation first corrects both anchors (``_contrast``): two consecutive steps run at
+nearly one pace, so their readings r = s/h₀ agree where the anchors are right, and log h₀ of the later cell moves by
+α/2·log clip(r_later/r_earlier), that of the earlier by as much the other way. The sum of the logs of the anchors
+stays where it was, so their common level, which π carries, does not wander (the drift above), and in logs skewed
+steps push it neither way. Steps of two generations are not compared: other work ran between them.
+
 dspark's loop feeds it after every step, through the optional cost-model hooks
 ``observe_step(rows, tokens, seconds)`` with the step's rows, its verify width (1 + max ℓ) and
 ``StepRecord.verify_seconds``, and ``observe_draft(rows, seconds, depth)`` with
