@@ -838,17 +838,24 @@ def test_skewed_steps_of_a_cell_seen_often_do_not_drift_the_price_of_one_seen_ra
             assert model.step_time(1, 1) / model.step_time(1, 2) == pytest.approx(1.0, abs=0.1)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_a_cell_that_settled_in_a_slow_spell_and_is_seen_rarely_converges_to_its_price(seed):
-    """A one-token cell whose median formed while its steps ran 20% slow, then seen on one step in ten beside a
-    two-token cell that sets π, comes to within 2% of what its steps take."""
-    # Divided by a π its own step had just pulled towards its anchor, it kept about 9% of that error for good.
+def _anchored_slow(seed: int) -> tuple[OnlineCorrectedCostModel, random.Random]:
+    """A model (profile 0.1 s a step) whose two-token cell at one row settled at the profile and whose one-token cell
+    formed its median while its steps ran 20% slow (each within ±5%), and the seeded noise that drew them."""
     model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1))
     noise = random.Random(seed)
     for _ in range(30):
         model.observe_step(1, 2, 0.1 * noise.uniform(0.95, 1.05))
     for _ in range(12):
         model.observe_step(1, 1, 0.12 * noise.uniform(0.95, 1.05))
+    return model, noise
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_cell_that_settled_in_a_slow_spell_and_is_seen_rarely_converges_to_its_price(seed):
+    """A one-token cell whose median formed while its steps ran 20% slow, then seen on one step in ten beside a
+    two-token cell that sets π, comes to within 2% of what its steps take."""
+    # Divided by a π its own step had just pulled towards its anchor, it kept about 9% of that error for good.
+    model, noise = _anchored_slow(seed)
     _one_row_stretch(model, noise, 3000, often=(2, 0.1), rarely=(1, 0.1), every=10, spread=0.05)
     assert model.step_time(1, 1) / model.step_time(1, 2) == pytest.approx(1.0, abs=0.02)
 
@@ -861,12 +868,7 @@ def test_cells_seen_in_stretches_correct_an_anchor_that_settled_in_a_slow_spell(
     # learnt that anchor back, and a one-token step stayed priced 11-17% above a two-token one that costs as much
     # (as in a trace at two rows, where DSpark took its steps in such stretches and priced a second token at 1.08x
     # the first, for steps that took 1.2x).
-    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1))
-    noise = random.Random(seed)
-    for _ in range(30):
-        model.observe_step(1, 2, 0.1 * noise.uniform(0.95, 1.05))
-    for _ in range(12):
-        model.observe_step(1, 1, 0.12 * noise.uniform(0.95, 1.05))
+    model, noise = _anchored_slow(seed)
     for _ in range(300):
         for tokens in (2, 1):
             for _ in range(10):
