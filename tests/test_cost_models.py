@@ -876,6 +876,31 @@ def test_cells_seen_in_stretches_correct_an_anchor_that_settled_in_a_slow_spell(
     assert model.step_time(1, 1) / model.step_time(1, 2) == pytest.approx(1.0, abs=0.03)
 
 
+def test_a_contrast_moves_the_later_anchor_towards_its_reading_and_keeps_the_product_of_the_two():
+    """A later step that read 1.5x what the earlier one did raises the later cell's anchor by 1.5^(α/2), lowers the
+    earlier's by as much, and a contrast beyond the outlier bound counts as that bound."""
+    later, earlier = online_module._Learnt(), online_module._Learnt()
+    later.anchor, earlier.anchor = 0.8, 1.25
+    factor = online_module._contrast(later, earlier, 1.5, 1.0, smoothing=0.1)
+    assert factor == pytest.approx(1.5 ** 0.05)
+    assert later.anchor == pytest.approx(0.8 * factor) and earlier.anchor == pytest.approx(1.25 / factor)
+    assert later.anchor * earlier.anchor == pytest.approx(1.0)
+    assert online_module._contrast(later, earlier, 1.0, 10.0, smoothing=0.1) == pytest.approx(0.5 ** 0.05)
+
+
+def test_a_step_that_took_no_time_is_compared_with_no_other():
+    """A settled cell's step of 0 s between steps of another settled cell moves no anchor and divides by nothing."""
+    model = OnlineCorrectedCostModel(ConstantCostModel(step_seconds=0.1), smoothing=1.0)
+    for _ in range(3):
+        model.observe_step(1, 1, 0.1)
+        model.observe_step(1, 2, 0.1)
+    anchors = [model._steps.cells[(1, tokens)].ratio.anchor for tokens in (1, 2)]
+    model.observe_step(1, 1, 0.0)
+    model.observe_step(1, 2, 0.1)
+    assert [model._steps.cells[(1, tokens)].ratio.anchor for tokens in (1, 2)] == anchors
+    assert math.isfinite(model.step_time(1, 2)) and model.step_time(1, 2) > 0
+
+
 def test_no_contrast_is_drawn_across_the_gap_between_two_generations():
     """A generation that starts in a slower spell than the last one ended in leaves the cells' prices against each
     other where they were, once π has caught up: only steps of one generation are compared."""

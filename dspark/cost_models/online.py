@@ -105,19 +105,20 @@ gained. π multiplies every answer alike, so it cancels from every comparison ma
 of the process) moves π by a factor 1 + β at most, and what a scheduler compares not at all. A cell's first
 observations do not move π: their error is the cell's own. ``pace_smoothing=None`` keeps π at 1.
 
-An anchor starts where the cell's median left it, and that median read each step over the π of the steps before it,
-which a cell not yet settled does not move: a cell whose median formed in a stretch of its own steps while the
-machine's pace drifted starts anchored off by that drift. Steps taken in stretches then keep the error for good:
-within a cell's stretch π reads the steps against that cell's anchor and the cell's k learns the anchor back, and
-only the steps where one cell follows another compare the two (in a trace at two rows, greedy, not in a committed
-benchmark: DSpark drafted in stretches, and on one table priced a second token at a median 1.08× the first where its
-two-token steps took 1.22× its one-token ones; ``test_cells_seen_in_stretches_correct_an_anchor_that_settled_in_a_slow_spell``
-kept a one-token step priced 11–17% above an equal two-token one). So a step of a settled cell that follows one of
-another settled cell in the same generation first corrects both anchors (``_contrast``): two consecutive steps run at
-nearly one pace, so their readings r = s/h₀ agree where the anchors are right, and log h₀ of the later cell moves by
-α/2·log clip(r_later/r_earlier), that of the earlier by as much the other way. The sum of the logs of the anchors
+An anchor starts where the cell's median left it, and that median read each step over the π of the steps before it, a
+π that the steps of a cell still forming its median do not move: a cell whose median formed in a stretch of its own
+steps while the machine's pace drifted starts anchored off by that drift. Steps taken in stretches then keep the error
+for good: within a cell's stretch π reads the steps against that cell's anchor and the cell's k learns the anchor
+back, and only the steps where one cell follows another compare the two. So a step of a settled cell that follows one
+of another settled cell in the same generation first corrects both anchors (``_contrast``): two consecutive steps run
+at nearly one pace, so their readings r = s/h₀ agree where the anchors are right, and log h₀ of the later cell moves
+by α/2·log clip(r_later/r_earlier), that of the earlier by as much the other way. The sum of the logs of the anchors
 stays where it was, so their common level, which π carries, does not wander (the drift above), and in logs skewed
-steps push it neither way. Steps of two generations are not compared: other work ran between them.
+steps push it neither way. Steps of two generations are not compared: other work ran between them. Without this, in a
+trace at two rows, greedy (not in a committed benchmark), DSpark drafted in stretches and on one table priced a second
+token at a median 1.08× the first where its two-token steps took 1.22× its one-token ones, and
+``test_cells_seen_in_stretches_correct_an_anchor_that_settled_in_a_slow_spell`` priced a one-token step 11–17% above
+an equal two-token one.
 
 dspark's loop feeds it after every step, through the optional cost-model hooks
 ``observe_step(rows, tokens, seconds)`` with the step's rows, its verify width (1 + max ℓ) and
@@ -256,16 +257,16 @@ class _Pace:
         """Forget the previous step: the next one follows a gap (a new generation; a cell not settled)."""
         self.last = None
 
-    def learn(self, learnt: _Learnt, anchored: float, seconds: float, smoothing: float) -> None:
-        """Learn that a step of the settled cell ``learnt``, anchored at h₀ = ``anchored`` at its point, took
-        ``seconds``: its anchor and the previous step's are corrected by ``_contrast`` at weight ``smoothing`` α, then π
-        learns the reading s/h₀."""
+    def learn(self, learnt: _Learnt, anchored: float, seconds: float, anchor_smoothing: float) -> None:
+        """Learn that a step of the settled cell ``learnt``, anchored at h₀ = ``anchored`` > 0 at its point, took
+        ``seconds``: its anchor and the previous step's are corrected by ``_contrast`` at weight ``anchor_smoothing`` α
+        (the cells'), then π learns the reading s/h₀. A step that took no time compares with no other."""
         if self.smoothing is None:
             return
         reading = seconds / anchored
-        if self.last is not None and self.last[0] is not learnt:
-            reading /= _contrast(learnt, self.last[0], reading, self.last[1], smoothing)
-        self.last = (learnt, reading)
+        if reading > 0 and self.last is not None and self.last[0] is not learnt:
+            reading /= _contrast(learnt, self.last[0], reading, self.last[1], anchor_smoothing)
+        self.last = (learnt, reading) if reading > 0 else None
         self.value += self.smoothing * (_clip(reading, self.value) - self.value)
 
 
@@ -275,9 +276,9 @@ def _contrast(later: _Learnt, earlier: _Learnt, later_reading: float, earlier_re
 
     Two consecutive steps run at nearly one pace, so their readings r = s/h₀ differ only where the anchors disagree
     with what the cells cost against each other (and by the step-to-step noise). With c = clip(r_later/r_earlier) the
-    log contrast, log h₀(later) += α/2·log c and log h₀(earlier) −= α/2·log c: each anchor moves halfway, so the sum
-    of the logs of the anchors never changes and their common level, which π carries, cannot wander; in logs, skewed
-    step times do not bias it one way."""
+    log contrast (both readings > 0), log h₀(later) += α/2·log c and log h₀(earlier) −= α/2·log c: each anchor takes
+    half of the correction, together closing a share α of the log gap, so the sum of the logs of the anchors never
+    changes and their common level, which π carries, cannot wander; in logs, skewed step times do not bias it one way."""
     factor = math.exp(smoothing / 2 * math.log(_clip(later_reading / earlier_reading, 1.0)))
     later.anchor *= factor
     earlier.anchor /= factor
