@@ -335,13 +335,12 @@ class _CorrectedSurface:
         # cell's own anchor, a cell seen rarely would keep part of its anchor's error for good (9% at β = 0.5 for an
         # anchor 20% off), where the π before it lets its k converge.
         pace_before = self.pace.value
+        anchored = 0.0
         if self.learns_pace and _settled(learnt):  # while a cell's median forms, its error is its own
             anchored = predicted * learnt.anchor if predicted > 0 else learnt.anchor
-            if anchored > 0:  # a seconds cell anchored at 0 s (steps that took no time) teaches no π
-                self.pace.learn(learnt, anchored, seconds, self.smoothing)
-            else:
-                self.pace.forget_last()
-        elif self.learns_pace:
+        if anchored > 0:  # a seconds cell anchored at 0 s (steps that took no time) teaches no π
+            self.pace.learn(learnt, anchored, seconds, self.smoothing)
+        elif self.learns_pace:  # nothing the next step could be compared with
             self.pace.forget_last()
         seconds /= pace_before  # what the step would have taken at the usual pace
         # Each prior is read before the cell is listed as observed: a narrower step cell's k reads a wider one's
