@@ -783,6 +783,82 @@ def test_the_first_positions_realised_ratio_is_kept_apart_and_ages_alike():
     assert prior.realised_first["greedy"] == pytest.approx((0.25, 0.2)) and prior.realised["greedy"] == pytest.approx((0.25, 0.5))
 
 
+def test_the_selection_ratio_is_what_chosen_rows_gained_over_what_their_choice_read():
+    """φ starts at 1 and is (gained + 32) / (read + 32) per band and batch-size bucket, discounted as ρ's sums are
+    before each update and aged by steps that draft nothing in its band; a bad sum is refused, naming it."""
+    prior = GainPrior(realised_discount=0.9)
+    assert prior.selection_ratio("greedy", 2) == 1.0
+    version = prior.version
+    prior.update_selection("greedy", 2, 1.0, 3.0)
+    assert prior.selection_ratio("greedy", 2) == pytest.approx(33 / 35) and prior.version == version + 1
+    prior.update_selection("greedy", 2, 0.0, 2.0)
+    assert prior.selection_ratio("greedy", 2) == pytest.approx((0.9 * 1 + 32) / (0.9 * 3 + 2 + 32))
+    assert prior.selection_ratio("greedy", 1) == prior.selection_ratio("greedy", 4) == prior.selection_ratio("sampling", 2) == 1.0
+    assert prior.selection_ratio("greedy", 3) == pytest.approx(prior.selection_ratio("greedy", 4)) == 1.0  # 3 rows: bucket 4
+    prior.age("sampling", 50)
+    assert prior.selection_ratio("greedy", 2) == pytest.approx((0.9 * 1 + 32) / (0.9 * 3 + 2 + 32))
+    prior.age("greedy", 2)
+    assert prior.selection_ratio("greedy", 2) == pytest.approx((0.81 * 0.9 + 32) / (0.81 * (0.9 * 3 + 2) + 32))
+    for gained, read, name in ((-0.1, 1.0, "gained"), (1.0, float("inf"), "read"), (True, 1.0, "gained")):
+        with pytest.raises(ValueError, match=f"{name} must be a finite number >= 0, got {gained if name == 'gained' else read!r}"):
+            prior.update_selection("greedy", 2, gained, read)
+
+
+def test_rows_chosen_at_their_own_depth_teach_the_selection_ratio_and_offered_or_probed_rows_do_not():
+    """A row the rule chooses on ĝ = 1.2 (the prior's) whose step then gains 0.6 (a = 0.5 and 0.5·0.2 over its two
+    verified tokens) adds (0.6, 1.2) to φ's sums; a first
+    probe of a row the prior knows nothing of, and a row drafted on the one-token offer, add nothing."""
+    fallback = GoodputFallback(probe_after=8)
+    fallback.prior.update("greedy", 1, [1.2], [2], first_gains=[1.0])
+    run = fallback.start(start(1), DepthCosts(widen=0.3, per_depth=0.05))
+    assert run.draft_rows(torch.tensor([0])).tolist() == [3]  # its own depth and the margin's exploring token
+    run.observe(record([0], [True], [2], [1], survival=torch.tensor([[0.5, 0.2, 0.1]])))
+    assert fallback.prior.selected == {("greedy", 1): pytest.approx((0.6, 1.2))}
+    probed = GoodputFallback(probe_after=8)
+    run = probed.start(start(2), Costs(draft_row=0.1))
+    assert run.draft_rows(torch.tensor([0, 1])).tolist() == [4, 4]  # unobserved: probed
+    run.observe(record([0, 1], [True, True], [1, 1], [1, 0], survival=torch.full((2, 4), 0.5)))
+    assert probed.prior.selected == {}
+    offered = GoodputFallback(probe_after=8)
+    offered.prior.update("greedy", 1, [0.6], [2], first_gains=[0.45])
+    run = offered.start(start(1), DepthCosts(widen=0.3, per_depth=0.05))
+    assert run.draft_rows(torch.tensor([0])).tolist() == [1]  # the one-token offer
+    run.observe(record([0], [True], [1], [1], survival=torch.tensor([[0.45, 0.3, 0.5]])))
+    assert offered.prior.selected == {}
+
+
+def test_a_rows_read_estimate_serves_only_the_step_it_was_chosen_for():
+    """Two rows chosen on ĝ = 1; the second then gains nothing, is left out, and is probed two steps later: that probe
+    adds nothing to φ's sums, though the choice that first drafted it read 1 for it."""
+    fallback = GoodputFallback(smoothing=1.0, prior_weight=0.0, probe_after=1, prior=GainPrior(realised_discount=1.0))
+    run = fallback.start(start(2), Costs(draft_row=0.2))
+    rows = torch.tensor([0, 1])
+    choices = []
+    for second_row_confidence in (1.0, 0.0, 0.0, 0.5):  # a probe, both chosen, the first alone, the second probed
+        depths = run.draft_rows(rows)
+        choices.append(depths.gt(0).tolist())
+        survival = torch.tensor([[1.0, 0, 0, 0], [second_row_confidence, 0, 0, 0]])
+        run.observe(record([0, 1], choices[-1], [1, 1], [1, int(second_row_confidence == 1.0)], survival=survival))
+    assert choices == [[True, True], [True, True], [True, False], [True, True]]
+    assert run.read_gain == [1.0, None]
+    assert fallback.prior.selected == {("greedy", 2): pytest.approx((1.0 + 0.0 + 1.0 + 1.0, 2.0 + 1.0 + 1.0))}
+
+
+@pytest.mark.parametrize("selected, drafts", [(None, True), ((32.0, 96.0), False)])
+def test_a_selection_ratio_below_one_keeps_out_a_row_that_pays_only_on_what_its_choice_reads(selected, drafts):
+    """At T = 1 and D = 0.3 a row estimated at ĝ = 0.5 pays on its estimate (Θ = 1.5 / 1.3), but not where chosen rows
+    have gone on to gain half what their choice read (φ = 64 / 128: Θ = 1.25 / 1.3)."""
+    fallback = GoodputFallback(prior_weight=0.0)
+    fallback.prior.update("greedy", 1, [0.5], [1])
+    if selected is not None:
+        fallback.prior.update_selection("greedy", 1, *selected)
+    run = fallback.start(start(1), Costs(draft_row=0.3))
+    phi = fallback.prior.selection_ratio("greedy", 1)
+    assert phi == pytest.approx(1.0 if selected is None else 0.5)
+    assert run.predicted_gain([0], [True], [1]) == pytest.approx((1 + 0.5 * phi) / 1.3 - 1)
+    assert run._rule_choice([0], [True], [1]) == [drafts]
+
+
 def test_a_probe_near_break_even_is_priced_at_what_it_loses_not_its_drafting_time():
     """At T = 1 s and D = 0.3 s, drafting a row estimated to gain 0.29 a step loses 1.29·(1.3/1.29 − 1) = 0.01 s, so its
     probes wait at most probe_after steps; one estimated to gain nothing loses the whole 0.3 s, so its waits grow to

@@ -24,7 +24,15 @@ where it would otherwise stand for as long as it keeps them out), which scales e
 choice is made: the scheduler verifies the prefixes the estimator rates highest, and a calibration
 fitted on other prompts can overstate what exactly those yield, by a steady factor, while a drafting
 decision is taken on the margin (ρ does not scale the probe ceiling below: a probe is what measures
-ρ again, and a ρ that kept probes out could never recover); λ_r its verify length ℓ_r, averaged alike; v_r the
+ρ again, and a ρ that kept probes out could never recover); φ the selection ratio, what the rows a choice drafted
+went on to gain in those steps (their g, as g_r counts it) over the ĝ_r the choice read for them, with ρ's pseudo
+gain, discount and ageing, per sampling band and batch-size bucket (``GainPrior.selection_ratio``), which scales ĝ_r
+beside ρ: a row is chosen when its estimate stands high, an estimate stands high partly by chance, and the steps after
+a chance high regress towards the row's mean, so a choice on estimates overstates what it chose, the more the more it
+selects (the optimizer's curse): at one row nearly every step drafts, at two rows far fewer (at c = 2, greedy, rows
+drafted on a ρ·ĝ of 0.49 a row went on to a ρ·g of 0.44: a probe, not kept). Only rows the rule chose feed it (a
+probe and the one-token offer are not chosen on ĝ_r; where drafting is free every row is chosen, none selected, and φ
+does not change that choice), and ρ, not φ, says how far the estimator's own expectation overstates; λ_r its verify length ℓ_r, averaged alike; v_r the
 width its steps cost on average: the w whose T(R, 1 + w) / T(R, 1) lies nearest the mean of T(R, 1 + ℓ_r) / T(R, 1)
 over its drafted steps, averaged alike (``GoodputFallbackRun.priced_widths``; round(λ_r) before its first), because
 a row whose verify length is often 0 and sometimes γ (prompt lookup, between and on matches) widens few steps, where
@@ -55,9 +63,9 @@ unread while the prompt is: under load, where no row has paid for its drafting, 
 can cost more than a target step. D(0) = 0; T(R, w) the seconds of the target forward
 over R rows of w new tokens. Drafting the set S of rows is predicted to yield::
 
-    Θ(S) = (Σ_r w_r + ρ·Σ_{r∈S} w_r·g_r) / (D(|S|) + T(R, 1 + max_{r∈S} v_r))
+    Θ(S) = (Σ_r w_r + ρ·φ·Σ_{r∈S} w_r·ĝ_r) / (D(|S|) + T(R, 1 + max_{r∈S} v_r))
 
-weighted tokens per second. ``drafting_goodput`` evaluates Θ for S = the k rows of largest ρ·w_r·g_r,
+weighted tokens per second. ``drafting_goodput`` evaluates Θ for S = the k rows of largest ρ·φ·w_r·ĝ_r,
 k = 0..n, and ``best_drafted_rows`` drafts the best such S (the first maximum: it never drafts a row that
 is predicted to gain nothing).
 A row is therefore drafted only when what it gains exceeds what the whole batch would have produced
@@ -322,7 +330,8 @@ class GainPrior:
     row showed in a step, with its verify length (the probe ceiling); the probe interval its rows last reached;
     how many generations in a row ran as plain decoding, and how many may before one is probed (module docstring);
     per sampling band, the realised ratio ρ of accepted tokens to their expected count, and ρ¹ of the first positions
-    alone; the catch-up rates of the latest passes.
+    alone; per band and bucket, the selection ratio φ of what chosen rows gained to what their choice read; the catch-up
+    rates of the latest passes.
 
     ``smoothing``: the weight of each step's drafted rows in g and λ (their mean over the first 1/``smoothing``
     steps at a batch size and band, then exponential smoothing); ``realised_discount``: what ρ's sums are
@@ -347,6 +356,7 @@ class GainPrior:
         self.ceilings: dict[tuple[str, int], tuple[float, float]] = {}
         self.realised: dict[str, tuple[float, float]] = {}  # per band: discounted sums of (accepted, expected)
         self.realised_first: dict[str, tuple[float, float]] = {}  # the same of the first positions alone
+        self.selected: dict[tuple[str, int], tuple[float, float]] = {}  # per key: discounted sums of (gained, read) of chosen rows
         self.intervals: dict[tuple[str, int], int] = {}
         self.drafted: dict[tuple[str, int], int] = {}  # rows drafted per key, each once a generation: the ceiling's evidence
         self.updates: dict[tuple[str, int], int] = {}  # steps with drafted rows observed per key
@@ -422,6 +432,8 @@ class GainPrior:
         for sums in (self.realised, self.realised_first):
             if band in sums:
                 sums[band] = tuple(factor * value for value in sums[band])
+        for key in [key for key in self.selected if key[0] == band]:
+            self.selected[key] = tuple(factor * value for value in self.selected[key])
 
     def realised_ratio(self, band: str, first: bool = False) -> float:
         """ρ in this band: (accepted + P) / (expected + P), P = ``_REALISED_PSEUDO_TOKENS``, over the discounted sums of
@@ -429,6 +441,24 @@ class GainPrior:
         which the one-token offer reads: a calibration that overstates deeper positions lowers ρ, not ρ¹."""
         accepted, expected = (self.realised_first if first else self.realised).get(band, (0.0, 0.0))
         return (accepted + _REALISED_PSEUDO_TOKENS) / (expected + _REALISED_PSEUDO_TOKENS)
+
+    def selection_ratio(self, band: str, rows: int) -> float:
+        """φ in this band at this batch size: (gained + P) / (read + P), P = ``_REALISED_PSEUDO_TOKENS``, over the
+        discounted sums of the rows the rule chose, what their steps gained against the ĝ_r the choice read (1 before
+        any; module docstring)."""
+        gained, read = self.selected.get((band, _size_bucket(rows)), (0.0, 0.0))
+        return (gained + _REALISED_PSEUDO_TOKENS) / (read + _REALISED_PSEUDO_TOKENS)
+
+    def update_selection(self, band: str, rows: int, gained: float, read: float) -> None:
+        """Add one step's chosen rows to φ's sums at this batch size, after discounting them as ρ's are: ``gained``, the
+        sum of their steps' gains, and ``read``, the sum of the ĝ_r their choice read (both finite and >= 0)."""
+        for name, value in (("gained", gained), ("read", read)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        key = (band, _size_bucket(rows))
+        known_gained, known_read = self.selected.get(key, (0.0, 0.0))
+        self.selected[key] = (self.realised_discount * known_gained + gained, self.realised_discount * known_read + read)
+        self.version += 1
 
     def update(
         self, band: str, rows: int, gains: Sequence[float] | torch.Tensor, verify_lengths: Sequence[float] | torch.Tensor,
@@ -564,6 +594,7 @@ class GoodputFallbackRun:
         self.gain = [0.0] * batch
         self.verify = [0.0] * batch
         self.first_gain: list[float | None] = [None] * batch  # g¹_r: the gain of its first positions alone (None: unknown)
+        self.read_gain: list[float | None] = [None] * batch  # the ĝ_r the rule chose it on for the coming step (None: not so chosen)
         # Per row: the smoothed ratio of its drafted steps' time to a one-token step's, T(R, 1 + ℓ_r) / T(R, 1), what
         # its verify lengths cost on average (None until its own first drafted step: the prior's λ prices it).
         self.step_ratio: list[float | None] = [None] * batch
@@ -620,10 +651,12 @@ class GoodputFallbackRun:
 
     def _goodput_problem(self, rows: list[int], candidates: list[bool], depths: list[int], shallow: bool = False) -> tuple:
         """The arguments of ``drafting_goodput`` and ``choose`` for drafting the ``candidates`` of ``rows``: their
-        ρ·w_r·ĝ_r and priced widths v_r (``priced_widths``), Σ w over ``rows``, R, T, and D at the candidates' deepest depth.
+        ρ·φ·w_r·ĝ_r and priced widths v_r (``priced_widths``), Σ w over ``rows``, R, T, and D at the candidates' deepest depth.
         ``shallow``: the one-token offer's, ρ¹·w_r·ĝ¹_r at widths min(v_r, 1) (module docstring)."""
         drafted = [row for row, candidate in zip(rows, candidates) if candidate]
         ratio = self.fallback.prior.realised_ratio(self.band, first=shallow)
+        if not shallow:
+            ratio *= self.fallback.prior.selection_ratio(self.band, len(rows))
         if shallow:
             shrunk = self.shrunk_first_gain(drafted, self.fallback.prior.first_gain(self.band, len(rows)))
             priced_widths = [min(width, 1) for width in self.priced_widths(drafted, len(rows))]
@@ -730,9 +763,11 @@ class GoodputFallbackRun:
         where drafting costs nothing avoidable), the rows never observed (when earlier generations say
         nothing about this batch size), and the rows due a probe get their ``depth``."""
         rows = rows.tolist()
+        self.read_gain = [None] * len(self.read_gain)  # what the last choice read is spent
         if self._choice_key(rows) == self._idle_key:
             return torch.zeros(len(rows), dtype=torch.long)
-        chosen, probes, depths, priced, _ = self._choice(rows)
+        chosen, probes, depths, priced, shallow = self._choice(rows)
+        self._remember_read_gains(rows, chosen, shallow)
         cap = None
         for row, is_chosen, is_probe in zip(rows, chosen, probes):
             if is_chosen:  # a row back in starts over
@@ -746,6 +781,15 @@ class GoodputFallbackRun:
         drafting = [is_chosen or is_probe for is_chosen, is_probe in zip(chosen, probes)]
         self._idle_key = None if any(drafting) else self._choice_key(rows)
         return torch.tensor([depth if drafts else 0 for depth, drafts in zip(depths, drafting)], dtype=torch.long)
+
+    def _remember_read_gains(self, rows: list[int], chosen: list[bool], shallow: bool) -> None:
+        """Keep the ĝ_r the rule chose each of the ``chosen`` of ``rows`` on, for ``observe`` to compare with what their
+        step gains (φ, module docstring): none for the one-token offer's choice."""
+        if shallow or not any(chosen):
+            return
+        drafted = [row for row, is_chosen in zip(rows, chosen) if is_chosen]
+        for row, gain in zip(drafted, self.shrunk_gain(drafted, self.fallback.prior.get(self.band, len(rows)))):
+            self.read_gain[row] = gain
 
     def _choice(self, rows: list[int], starting: bool = False) -> tuple[list[bool], list[bool], list[int], list[int], bool]:
         """(chosen, probes, depths, priced, shallow) for ``rows``: the rows in the best predicted set (priced at
@@ -931,11 +975,14 @@ class GoodputFallbackRun:
         first_gains = _verified_gains(survival, verify_lengths, accepted, 1)
         one_token = self.cost_model.step_time(len(rows), 1)
         outcomes = []  # (gain, verify length, accepted, first positions' gain) of each drafted row
+        chosen_gained, chosen_read = 0.0, 0.0  # what the rows the rule chose gained, and the ĝ_r it read for them
         first_steps = 0
         for row, drafts, gain, verify_length, accepted_count, first_gain in zip(rows, drafted, gains, verify_lengths, accepted, first_gains):
             if not drafts:
                 self.skipped[row] += 1
                 continue
+            if self.read_gain[row] is not None:
+                chosen_gained, chosen_read = chosen_gained + gain, chosen_read + self.read_gain[row]
             first_steps += int(self.own_steps[row] == 0)
             self.own_steps[row] += 1
             # The newest step weighs 1/m_r (at least α): after a long skip, the row's aged estimate gives way to it.
@@ -953,3 +1000,5 @@ class GoodputFallbackRun:
             outcomes.append((gain, verify_length, accepted_count, first_gain))
         gains, verify_lengths, accepted, first_gains = zip(*outcomes)
         self.fallback.prior.update(self.band, len(rows), gains, verify_lengths, accepted, first_steps=first_steps, first_gains=first_gains)
+        if chosen_read > 0:
+            self.fallback.prior.update_selection(self.band, len(rows), chosen_gained, chosen_read)
