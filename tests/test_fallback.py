@@ -806,8 +806,8 @@ def test_the_selection_ratio_is_what_chosen_rows_gained_over_what_their_choice_r
 
 def test_rows_chosen_at_their_own_depth_teach_the_selection_ratio_and_offered_or_probed_rows_do_not():
     """A row the rule chooses on ĝ = 1.2 (the prior's) whose step then gains 0.6 (a = 0.5 and 0.5·0.2 over its two
-    verified tokens) adds (0.6, 1.2) to φ's sums; a first
-    probe of a row the prior knows nothing of, and a row drafted on the one-token offer, add nothing."""
+    verified tokens) adds (0.6, 1.2) to φ's sums; a first probe of a row the prior knows nothing of, and a row drafted
+    on the one-token offer, add nothing."""
     fallback = GoodputFallback(probe_after=8)
     fallback.prior.update("greedy", 1, [1.2], [2], first_gains=[1.0])
     run = fallback.start(start(1), DepthCosts(widen=0.3, per_depth=0.05))
@@ -829,7 +829,7 @@ def test_rows_chosen_at_their_own_depth_teach_the_selection_ratio_and_offered_or
 
 def test_a_rows_read_estimate_serves_only_the_step_it_was_chosen_for():
     """Two rows chosen on ĝ = 1; the second then gains nothing, is left out, and is probed two steps later: that probe
-    adds nothing to φ's sums, though the choice that first drafted it read 1 for it."""
+    adds nothing to φ's sums, though the choice that last chose it read 1 for it."""
     fallback = GoodputFallback(smoothing=1.0, prior_weight=0.0, probe_after=1, prior=GainPrior(realised_discount=1.0))
     run = fallback.start(start(2), Costs(draft_row=0.2))
     rows = torch.tensor([0, 1])
@@ -856,7 +856,18 @@ def test_a_selection_ratio_below_one_keeps_out_a_row_that_pays_only_on_what_its_
     phi = fallback.prior.selection_ratio("greedy", 1)
     assert phi == pytest.approx(1.0 if selected is None else 0.5)
     assert run.predicted_gain([0], [True], [1]) == pytest.approx((1 + 0.5 * phi) / 1.3 - 1)
-    assert run._rule_choice([0], [True], [1]) == [drafts]
+    assert run._rule_choice([0], [True], [1]) == [drafts]  # the rule itself: draft_rows would first-probe the row
+
+
+def test_drafting_steps_that_choose_no_row_age_the_selection_ratio():
+    """A φ of 0.5 keeps a row out; steps that draft only a probe still discount φ's sums (by 0.9 each here), so φ
+    drifts back towards 1, as ρ does."""
+    prior = GainPrior(realised_discount=0.9)
+    prior.update_selection("greedy", 1, 32.0, 96.0)
+    run = GoodputFallback(prior=prior).start(start(1), Costs(draft_row=0.3))
+    for _ in range(10):
+        run.observe(record([0], [True], [1], [0], survival=torch.full((1, 4), 0.5)))  # a probe: no read estimate
+    assert prior.selection_ratio("greedy", 1) == pytest.approx((0.9 ** 10 * 32 + 32) / (0.9 ** 10 * 96 + 32))
 
 
 def test_a_probe_near_break_even_is_priced_at_what_it_loses_not_its_drafting_time():

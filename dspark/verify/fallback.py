@@ -25,14 +25,17 @@ choice is made: the scheduler verifies the prefixes the estimator rates highest,
 fitted on other prompts can overstate what exactly those yield, by a steady factor, while a drafting
 decision is taken on the margin (ρ does not scale the probe ceiling below: a probe is what measures
 ρ again, and a ρ that kept probes out could never recover); φ the selection ratio, what the rows a choice drafted
-went on to gain in those steps (their g, as g_r counts it) over the ĝ_r the choice read for them, with ρ's pseudo
-gain, discount and ageing, per sampling band and batch-size bucket (``GainPrior.selection_ratio``), which scales ĝ_r
-beside ρ: a row is chosen when its estimate stands high, an estimate stands high partly by chance, and the steps after
-a chance high regress towards the row's mean, so a choice on estimates overstates what it chose, the more the more it
-selects (the optimizer's curse): at one row nearly every step drafts, at two rows far fewer (at c = 2, greedy, rows
-drafted on a ρ·ĝ of 0.49 a row went on to a ρ·g of 0.44: a probe, not kept). Only rows the rule chose feed it (a
-probe and the one-token offer are not chosen on ĝ_r; where drafting is free every row is chosen, none selected, and φ
-does not change that choice), and ρ, not φ, says how far the estimator's own expectation overstates; λ_r its verify length ℓ_r, averaged alike; v_r the
+gained in the step they were chosen for (their g, as g_r counts it) over the ĝ_r the choice read for them, with ρ's
+pseudo tokens and discount, per sampling band and batch-size bucket (``GainPrior.selection_ratio``; its sums are
+discounted on every drafting step of the bucket, chosen rows or none, and aged with ρ's, so a φ that keeps rows out
+drifts back towards 1), which scales ĝ_r beside ρ: a row is chosen when its estimate stands high, an estimate stands
+high partly by chance, and the steps after a chance high regress towards the row's mean, so a choice on estimates
+overstates what it chose, the more so the more it selects (the optimizer's curse; ĝ_r's pull towards ḡ corrects part
+of it, φ measures what is left, pooled over the chosen rows): at one row nearly every step drafts, at two rows far
+fewer (at c = 2, greedy, rows drafted on a ρ·ĝ of 0.49 a row went on to a ρ·g of 0.44: a probe, not kept). Only
+rows the rule chose at their own depth feed it, and the rows of a batch drafted whole because drafting is free (chosen
+without selection, they pull φ towards 1 there); a probe and the one-token offer do not; ρ, not φ, says how far the
+estimator's own expectation overstates; λ_r its verify length ℓ_r, averaged as g_r is; v_r the
 width its steps cost on average: the w whose T(R, 1 + w) / T(R, 1) lies nearest the mean of T(R, 1 + ℓ_r) / T(R, 1)
 over its drafted steps, averaged alike (``GoodputFallbackRun.priced_widths``; round(λ_r) before its first), because
 a row whose verify length is often 0 and sometimes γ (prompt lookup, between and on matches) widens few steps, where
@@ -334,7 +337,7 @@ class GainPrior:
     rates of the latest passes.
 
     ``smoothing``: the weight of each step's drafted rows in g and λ (their mean over the first 1/``smoothing``
-    steps at a batch size and band, then exponential smoothing); ``realised_discount``: what ρ's sums are
+    steps at a batch size and band, then exponential smoothing); ``realised_discount``: what ρ's (and φ's) sums are
     multiplied by before each drafting step joins them, and by each step that drafts nothing (``age``). Both are
     slow, g over about 100 drafting steps and ρ over about 500 steps: at batch 1 about two and eight generations, so
     that they say what rows like a new one gain rather than how the last prompt ended. With g over 20 steps and ρ over
@@ -424,7 +427,7 @@ class GainPrior:
         self.version += 1
 
     def age(self, band: str, steps: int = 1) -> None:
-        """Discount ρ's sums in ``band`` as ``steps`` steps that drafted for no row: evidence ages whether or not a
+        """Discount ρ's sums in ``band``, and φ's at every batch size there, as ``steps`` steps that drafted for no row: evidence ages whether or not a
         step drafts, so a ρ that kept rows out drifts back towards 1, what the calibration claims, instead of
         standing wherever the last drafted steps left it. Not counted as an update (``version``): a standing
         choice not to draft is revisited at the next probe or generation, not at every step."""
@@ -450,12 +453,15 @@ class GainPrior:
         return (gained + _REALISED_PSEUDO_TOKENS) / (read + _REALISED_PSEUDO_TOKENS)
 
     def update_selection(self, band: str, rows: int, gained: float, read: float) -> None:
-        """Add one step's chosen rows to φ's sums at this batch size, after discounting them as ρ's are: ``gained``, the
-        sum of their steps' gains, and ``read``, the sum of the ĝ_r their choice read (both finite and >= 0)."""
+        """Discount φ's sums at this batch size as ρ's are, then add one drafting step's chosen rows: ``gained``, the sum
+        of their steps' gains, and ``read``, the sum of the ĝ_r their choice read (both finite and >= 0; 0 and 0 for a
+        step that chose none, which only discounts)."""
         for name, value in (("gained", gained), ("read", read)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         key = (band, _size_bucket(rows))
+        if key not in self.selected and read == 0 and gained == 0:
+            return  # nothing to discount or add
         known_gained, known_read = self.selected.get(key, (0.0, 0.0))
         self.selected[key] = (self.realised_discount * known_gained + gained, self.realised_discount * known_read + read)
         self.version += 1
@@ -655,12 +661,11 @@ class GoodputFallbackRun:
         ``shallow``: the one-token offer's, ρ¹·w_r·ĝ¹_r at widths min(v_r, 1) (module docstring)."""
         drafted = [row for row, candidate in zip(rows, candidates) if candidate]
         ratio = self.fallback.prior.realised_ratio(self.band, first=shallow)
-        if not shallow:
-            ratio *= self.fallback.prior.selection_ratio(self.band, len(rows))
         if shallow:
             shrunk = self.shrunk_first_gain(drafted, self.fallback.prior.first_gain(self.band, len(rows)))
             priced_widths = [min(width, 1) for width in self.priced_widths(drafted, len(rows))]
         else:
+            ratio *= self.fallback.prior.selection_ratio(self.band, len(rows))
             shrunk = self.shrunk_gain(drafted, self.fallback.prior.get(self.band, len(rows)))
             priced_widths = self.priced_widths(drafted, len(rows))
         gains = torch.tensor([self.priority[row] * gain * ratio for row, gain in zip(drafted, shrunk)], dtype=torch.float64)
@@ -1000,5 +1005,5 @@ class GoodputFallbackRun:
             outcomes.append((gain, verify_length, accepted_count, first_gain))
         gains, verify_lengths, accepted, first_gains = zip(*outcomes)
         self.fallback.prior.update(self.band, len(rows), gains, verify_lengths, accepted, first_steps=first_steps, first_gains=first_gains)
-        if chosen_read > 0:
-            self.fallback.prior.update_selection(self.band, len(rows), chosen_gained, chosen_read)
+        # Every drafting step discounts φ's sums, as it does ρ's: a φ that keeps rows out of the choice still ages.
+        self.fallback.prior.update_selection(self.band, len(rows), chosen_gained, chosen_read)
