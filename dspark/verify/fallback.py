@@ -427,10 +427,10 @@ class GainPrior:
         self.version += 1
 
     def age(self, band: str, steps: int = 1) -> None:
-        """Discount ρ's sums in ``band``, and φ's at every batch size there, as ``steps`` steps that drafted for no row: evidence ages whether or not a
-        step drafts, so a ρ that kept rows out drifts back towards 1, what the calibration claims, instead of
-        standing wherever the last drafted steps left it. Not counted as an update (``version``): a standing
-        choice not to draft is revisited at the next probe or generation, not at every step."""
+        """Discount ρ's sums in ``band``, and φ's at every batch size there, as ``steps`` steps that drafted for no
+        row: evidence ages whether or not a step drafts, so a ρ that kept rows out drifts back towards 1, what the
+        calibration claims, instead of standing wherever the last drafted steps left it. Not counted as an update
+        (``version``): a standing choice not to draft is revisited at the next probe or generation, not at every step."""
         factor = self.realised_discount ** steps
         for sums in (self.realised, self.realised_first):
             if band in sums:
