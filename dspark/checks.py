@@ -8,7 +8,7 @@ import numbers
 import warnings
 from collections.abc import Mapping
 
-__all__ = ["check_format", "check_fraction", "check_int", "check_seconds", "deprecated_alias", "int_at_least", "unit_interval"]
+__all__ = ["check_format", "check_fraction", "check_int", "check_non_negative", "check_seconds", "deprecated_alias", "int_at_least", "unit_interval"]
 
 
 def deprecated_alias(new_name: str, old_name: str, removed_in: str = "0.3") -> property:
@@ -46,6 +46,14 @@ def check_seconds(name: str, value) -> float:
         raise TypeError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def check_non_negative(name: str, value) -> float:
+    """``value`` as a float if it is a finite real number >= 0 (a count of tokens, a grid coordinate), else ValueError
+    naming the argument and the value."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 

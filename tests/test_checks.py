@@ -2,7 +2,7 @@
 
 import pytest
 
-from dspark.checks import check_format, check_fraction, check_int, deprecated_alias
+from dspark.checks import check_format, check_fraction, check_int, check_non_negative, deprecated_alias
 
 
 @pytest.mark.parametrize("value, error", [(2.0, TypeError), (True, TypeError), ("3", TypeError), (-1, ValueError)])
@@ -55,3 +55,12 @@ def test_check_format_names_the_owner_and_the_version():
         check_format([], "Thing", 1)
     with pytest.raises(ValueError, match=r"data\['format_version'\] of a Thing must be 1, got 2"):
         check_format({"format_version": 2}, "Thing", 1)
+
+
+@pytest.mark.parametrize("value", [-0.5, float("inf"), float("nan"), True, "3"])
+def test_check_non_negative_refuses_negatives_non_finite_values_and_non_numbers(value):
+    """Anything but a finite real number >= 0 raises ValueError naming the argument and the value; 0 and 2 come back
+    as floats."""
+    with pytest.raises(ValueError, match=f"tokens must be a finite number >= 0, got {value!r}"):
+        check_non_negative("tokens", value)
+    assert check_non_negative("tokens", 0) == 0.0 and isinstance(check_non_negative("tokens", 2), float)

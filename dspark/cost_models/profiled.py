@@ -37,7 +37,6 @@ import hashlib
 import json
 import logging
 import math
-import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -45,7 +44,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from dspark.checks import check_format, check_int, check_seconds
+from dspark.checks import check_format, check_int, check_non_negative, check_seconds
 from dspark.cost_models.profiling import REVISION as PROFILING_REVISION
 from dspark.cost_models.profiling import cost_curve, draft_curve
 from dspark.fast_path import REVISION as FAST_PATH_REVISION
@@ -278,12 +277,6 @@ class _Surface:
         )
 
 
-def _check_point(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
 def interpolate_monotone(
     rows_grid: Sequence[int], tokens_grid: Sequence[int], seconds: Sequence[Sequence[float]], rows: float, tokens: float,
     along_tokens: bool = True,
@@ -296,7 +289,7 @@ def interpolate_monotone(
     rows_grid, tokens_grid = _check_grid("rows_grid", rows_grid), _check_grid("tokens_grid", tokens_grid)
     seconds = _check_table(rows_grid, tokens_grid, seconds)
     surface = _Surface.build(rows_grid, tokens_grid, seconds, along_y=along_tokens)  # monotone_envelope checks along_tokens
-    return surface(_check_point("rows", rows), _check_point("tokens", tokens))
+    return surface(check_non_negative("rows", rows), check_non_negative("tokens", tokens))
 
 
 # -- measuring --------------------------------------------------------------------------------

@@ -186,7 +186,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 
-from dspark.checks import check_int, int_at_least
+from dspark.checks import check_int, check_non_negative, int_at_least
 from dspark.protocols import CostModel
 from dspark.stats import StepRecord
 from dspark.types import GenerationStart
@@ -456,9 +456,7 @@ class GainPrior:
         """Discount φ's sums at this batch size as ρ's are, then add one drafting step's chosen rows: ``gained``, the sum
         of their steps' gains, and ``read``, the sum of the ĝ_r their choice read (both finite and >= 0; 0 and 0 for a
         step that chose none, which only discounts)."""
-        for name, value in (("gained", gained), ("read", read)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        gained, read = check_non_negative("gained", gained), check_non_negative("read", read)
         key = (band, _size_bucket(rows))
         if key not in self.selected and read == 0 and gained == 0:
             return  # nothing to discount or add
